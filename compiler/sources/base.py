@@ -1,0 +1,40 @@
+"""What every checkpoint source hands the compiler: a spec, a tokenizer, a template and tensors.
+
+Tensor names are GGUF's (``token_embd.weight``, ``blk.{i}.attn_q.weight``, ...) whatever the source,
+and shapes are numpy order: a linear weight is ``(out_features, in_features)``.
+Sources return Q/K rows in the half-split ("NeoX") RoPE layout; GGUF's llama files store them
+interleaved, so the GGUF source undoes that permutation at load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..spec import ModelSpec
+
+
+@dataclass(frozen=True)
+class SourceTensor:
+    name: str
+    shape: tuple[int, ...]  # numpy order
+    source_type: str  # the stored encoding: "F32", "F16", "Q4_K", ...
+    bits: float  # bits per weight of that encoding (int4mix keeps >= 5 bits as int8)
+    load: Callable[[], np.ndarray]  # dequantized float32 of `shape`, read lazily from the mmap
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    spec: ModelSpec
+    tokenizer_json: str  # a `tokenizers` Tokenizer serialized to JSON
+    chat_template: str  # jinja2 source
+    chat_template_origin: str  # "checkpoint" or "family default: <why>"
+    tensors: Mapping[str, SourceTensor]
+    source: str  # the path or reference the user gave
+    sha256: str  # of the checkpoint file(s)
+
+
+class SourceError(ValueError):
+    """A checkpoint that cannot be read: the message says what is wrong, in one line."""
