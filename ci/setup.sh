@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Idempotent installer: a venv (shared across clones) with this clone installed editable, plus test deps.
+# Needs only python3 (3.10+) with venv/pip and PyPI. Safe to re-run; fast when nothing changed.
+set -euo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${GOINFER_VENV:-$HOME/.cache/goinfer/venv}"
+log() { echo "setup: $*" >&2; }
+
+if [[ ! -x "$venv/bin/python" ]]; then
+  log "creating venv at $venv"
+  mkdir -p "$(dirname "$venv")"
+  # Debian-like systems without python3-venv lack ensurepip: make the venv bare, then bring pip in
+  # with the system pip (its --python option installs into another interpreter).
+  if ! python3 -m venv "$venv" 2>/dev/null; then
+    log "python3 -m venv failed (no ensurepip?); bootstrapping pip with the system pip"
+    rm -rf "$venv"
+    python3 -m venv --without-pip "$venv"
+    python3 -m pip --python "$venv/bin/python" install --quiet pip
+  fi
+else
+  log "reusing venv at $venv"
+fi
+
+log "upgrading pip"
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
+
+# Re-run every time: the venv may be shared, and this points the editable install at this clone.
+log "installing $repo [test] (editable)"
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e "$repo[test]"
+
+log "ready: $venv/bin/goinfer"

@@ -1,0 +1,157 @@
+"""The `goinfer` command. This is the composition root: the only place that uses both the compiler
+and the runtime, each imported lazily so `goinfer generate` on a bundle never loads the compiler.
+
+Bad input ends with one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+EXIT_BAD_INPUT = 2
+
+
+def _fail(message: str) -> None:
+    click.echo(f"goinfer: error: {message}", err=True)
+    sys.exit(EXIT_BAD_INPUT)
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Exception types that mean bad input (reported in one line), not a bug."""
+    from goinfer.artifacts.giw import BundleError
+    from goinfer.compiler.build import BuildError  # light: TVM is imported only inside build()
+    from goinfer.compiler.sources.base import SourceError
+
+    return (BundleError, BuildError, SourceError, FileNotFoundError, IsADirectoryError, PermissionError)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="goinfer")
+def main() -> None:
+    """goinfer: compile an LLM checkpoint into a .giw bundle, then run it."""
+
+
+@main.command()
+@click.argument("source")
+@click.option("--target", default="llvm", show_default=True, help="llvm (CPU); cuda and metal later.")
+@click.option("--quant", default="int4", show_default=True, help="int4 | int8int8 | int8 | int4mix | f32")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="the .giw file to write")
+def build(source: str, target: str, quant: str, output: str) -> None:
+    """Compile SOURCE (a .gguf file or a zoo model name) into a .giw bundle."""
+    from goinfer.compiler.build import BuildOptions
+    from goinfer.compiler.build import build as run_build
+
+    try:
+        run_build(source, output, BuildOptions(target=target, quant=quant))
+    except _user_errors() as e:
+        _fail(str(e))
+
+
+def _resolve_bundle(ref: str, quant: str, target: str) -> Path:
+    """A .giw as given; a .gguf or zoo name is built once into the cache, then reused."""
+    path = Path(ref)
+    if path.suffix == ".giw":
+        if not path.is_file():
+            raise FileNotFoundError(f"no such bundle: {ref}")
+        return path
+    from goinfer.compiler.build import BuildOptions, build
+    from goinfer.compiler.sources import zoo
+
+    source = path if path.is_file() else zoo.resolve(ref)
+    bundle = zoo.bundle_path(source, quant, target)
+    if not bundle.is_file():
+        click.echo(f"goinfer: first use of {ref}: building {bundle.name}", err=True)
+        bundle.parent.mkdir(parents=True, exist_ok=True)
+        build(source, bundle, BuildOptions(target=target, quant=quant))
+    return bundle
+
+
+@main.command()
+@click.argument("model")
+@click.argument("prompt")
+@click.option("--max-tokens", default=256, show_default=True, type=click.IntRange(min=1))
+@click.option("--temperature", default=0.8, show_default=True, type=click.FloatRange(min=0))
+@click.option("--top-k", default=40, show_default=True, type=click.IntRange(min=0))
+@click.option("--top-p", default=0.95, show_default=True, type=click.FloatRange(0, 1))
+@click.option("--seed", default=None, type=int)
+@click.option("--chat", is_flag=True, help="render PROMPT as a user turn through the model's chat template")
+@click.option("--system", default=None, help="a system message (with --chat)")
+@click.option("--quant", default="int4", show_default=True, help="used only when MODEL must be built")
+@click.option("--verbose", "-v", is_flag=True, help="timings on stderr")
+def generate(
+    model: str,
+    prompt: str,
+    max_tokens: int,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    seed: int | None,
+    chat: bool,
+    system: str | None,
+    quant: str,
+    verbose: bool,
+) -> None:
+    """Generate a continuation of PROMPT with MODEL (a .giw, a .gguf or a zoo name)."""
+    try:
+        bundle = _resolve_bundle(model, quant, "llvm")
+        from goinfer.runtime.model import Model
+        from goinfer.runtime.sampler import SamplingParams
+
+        m = Model.load(bundle)
+        if chat:
+            messages = ([{"role": "system", "content": system}] if system else []) + [
+                {"role": "user", "content": prompt}
+            ]
+            ids = m.chat_prompt(messages)
+        else:
+            ids = m.encode(prompt)
+        params = SamplingParams(
+            temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, max_tokens=max_tokens
+        )
+        out = sys.stdout
+        for event in m.generate(ids, params):
+            if event.text:
+                out.write(event.text)
+                out.flush()
+            if event.finish_reason is not None:
+                out.write("\n")
+                if verbose:
+                    t = event.timings
+                    click.echo(
+                        f"load {m.load_seconds:.2f}s | prompt {t['prompt_tokens']} tok, "
+                        f"{t['prefill_tok_s']:.1f} tok/s | gen {t['completion_tokens']} tok, "
+                        f"{t['decode_tok_s']:.1f} tok/s | finish {event.finish_reason}",
+                        err=True,
+                    )
+    except _user_errors() as e:
+        _fail(str(e))
+    except ValueError as e:  # prompt too long, template errors: the runtime's own one-line reasons
+        _fail(str(e))
+
+
+@main.command()
+@click.argument("bundle", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="the manifest as JSON")
+@click.option("--verify", is_flag=True, help="hash every blob too")
+def inspect(bundle: str, as_json: bool, verify: bool) -> None:
+    """Show a bundle's manifest."""
+    from goinfer.artifacts import giw
+
+    try:
+        with giw.open_bundle(bundle, verify="full" if verify else "none") as b:
+            if as_json:
+                manifest = dict(b.manifest)
+                manifest["tokenizer"] = f"<{len(manifest.get('tokenizer', ''))} bytes of tokenizers JSON>"
+                click.echo(json.dumps(manifest, indent=2, sort_keys=True))
+            else:
+                click.echo(giw.describe(b))
+    except _user_errors() as e:
+        _fail(str(e))
+
+
+if __name__ == "__main__":
+    main()

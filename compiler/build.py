@@ -1,0 +1,197 @@
+"""`goinfer build`: checkpoint -> quantized, compiled, packed .giw bundle, in numbered steps."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+from goinfer.artifacts import giw
+
+from . import __version__
+from .sources import load_checkpoint
+from .sources.base import Checkpoint, SourceTensor
+
+Progress = Callable[[str], None]
+
+TARGETS = ("llvm",)  # cuda and metal lower through the same pipeline once their schedules exist
+PAGE_SIZE = 16
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    target: str = "llvm"
+    quant: str = "int4"
+    num_cores: int | None = None  # threads the compiled module is built for; default: this host's
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    path: Path
+    size: int
+    sha256: str
+    seconds: float
+    compiled_from_cache: bool
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def build(
+    source: str | Path,
+    output: str | Path,
+    options: BuildOptions = BuildOptions(),
+    progress: Progress = _stderr,
+) -> BuildResult:
+    from .lower import compile_cache  # TVM is imported here, not at `import goinfer.compiler`
+    from .models import FAMILIES
+    from .quant import QUANT_MODES, scheme_for
+
+    t0 = time.perf_counter()
+    if options.target not in TARGETS:
+        raise BuildError(f"unknown target {options.target!r}; choose one of {', '.join(TARGETS)}")
+    if options.quant not in QUANT_MODES:
+        raise BuildError(f"unknown quant {options.quant!r}; choose one of {', '.join(QUANT_MODES)}")
+    output = Path(output)
+    _check_writable(output)
+
+    # 1. Load: spec, tokenizer, template and lazily-dequantized tensors from the checkpoint.
+    progress(f"[1/5] reading {source}")
+    ckpt = load_checkpoint(source)
+    spec = ckpt.spec
+    family = FAMILIES.get(spec.family)
+    if family is None:
+        raise BuildError(f"unsupported architecture {spec.family!r}; supported: {', '.join(FAMILIES)}")
+    progress(
+        f"      {spec.family}: {spec.num_layers} layers, hidden {spec.hidden_size}, vocab {spec.vocab_size}, "
+        f"{len(ckpt.tensors)} tensors"
+    )
+
+    # 2. Model: the family's module, each weight with the scheme the quant mode picks for it.
+    def pick(t: SourceTensor) -> ModuleType:
+        return scheme_for(options.quant, t.bits)
+
+    progress(f"[2/5] building the {spec.family} graph ({options.quant})")
+    target = compile_cache.target_for(options.target, options.num_cores)
+    model = compile_cache.build_model(spec, family.LAYER, pick, ckpt.tensors, target)
+
+    # 3. Quantize: pack every weight (pure numpy), checking each against the model's parameters.
+    tensors, schemes = _pack_weights(model, ckpt, progress)
+
+    # 4. Lower and compile for the target, or reuse the module compiled for the same graph.
+    progress(f"[4/5] compiling for {options.target} ({target['mcpu']}, {target['num-cores']} cores)")
+    compiled = compile_cache.compile_model(model, spec, schemes, target, progress)
+
+    # 5. Pack: manifest + aligned, hashed blobs, written atomically.
+    progress(f"[5/5] writing {output}")
+    param_order = compiled.param_names
+    missing = [n for n in param_order if n not in tensors]
+    if missing:
+        raise BuildError(f"internal: no packed weight for parameters {missing[:3]}")
+    manifest = _manifest(ckpt, options, schemes, param_order, compiled.target)
+    info = giw.write_bundle(
+        output,
+        manifest,
+        ((name, tensors[name]) for name in param_order),
+        [(options.target, compiled.target, compiled.library)],
+    )
+    seconds = time.perf_counter() - t0
+    progress(
+        f"built {output} ({info.size / 2**20:.1f} MiB, {spec.family}, {options.quant}, {options.target}) "
+        f"in {seconds:.1f}s{' (module from cache)' if compiled.from_cache else ''}"
+    )
+    return BuildResult(output, info.size, info.sha256, seconds, compiled.from_cache)
+
+
+class BuildError(ValueError):
+    """A build that cannot go ahead: the message says why, in one line."""
+
+
+def _check_writable(output: Path) -> None:
+    parent = output.parent if str(output.parent) else Path(".")
+    if not parent.is_dir():
+        raise BuildError(f"cannot write {output}: directory {parent} does not exist")
+    if output.is_dir():
+        raise BuildError(f"cannot write {output}: it is a directory")
+    probe = parent / f".{output.name}.probe"
+    try:
+        probe.touch()
+        probe.unlink()
+    except OSError as e:
+        raise BuildError(f"cannot write {output}: {e.strerror}") from None
+
+
+def _pack_weights(
+    model, ckpt: Checkpoint, progress: Progress
+) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    from .lower import tvm_api
+    from .models.layers import Weighted
+
+    weighted = tvm_api.modules_of_type(model, Weighted)
+    used: set[str] = set()
+    tensors: dict[str, np.ndarray] = {}
+    schemes: dict[str, str] = {}
+    for i, (prefix, module) in enumerate(weighted, 1):
+        packed = module.pack(ckpt.tensors)
+        for key, arr in packed.items():
+            declared = getattr(module, key)
+            if tuple(arr.shape) != tuple(int(x) for x in declared.shape) or str(arr.dtype) != declared.dtype:
+                raise BuildError(
+                    f"{prefix}.{key}: packed {arr.dtype}{list(arr.shape)}, "
+                    f"model declares {declared.dtype}{list(declared.shape)}"
+                )
+            tensors[f"{prefix}.{key}"] = arr
+        scheme = getattr(module, "scheme", None)
+        schemes[prefix] = scheme.NAME if scheme is not None else "f32"
+        used.update(module.sources)
+        if i % 16 == 0 or i == len(weighted):
+            progress(f"[3/5] quantized {i}/{len(weighted)} weights")
+    unused = sorted(set(ckpt.tensors) - used)
+    if unused:
+        progress(f"      note: {len(unused)} checkpoint tensors unused: {', '.join(unused[:4])}")
+    return tensors, schemes
+
+
+def _manifest(
+    ckpt: Checkpoint,
+    options: BuildOptions,
+    schemes: dict[str, str],
+    param_order: list[str],
+    target: dict[str, Any],
+) -> dict[str, Any]:
+    import tvm
+
+    spec = ckpt.spec
+    # Windowed layers are exact only when a prefill chunk is shorter than the window (TVM's
+    # ragged prefill kernel applies no window within a chunk), so the runtime chunks to this.
+    chunk = spec.sliding_window - 1 if spec.sliding_window else 0
+    return {
+        "goinfer_version": __version__,
+        "tvm_version": tvm.__version__,
+        "family": spec.family,
+        "spec": spec.to_json(),
+        "context_length": spec.context_length,
+        "quant": options.quant,
+        "weight_schemes": schemes,
+        "tokenizer": ckpt.tokenizer_json,
+        "chat_template": ckpt.chat_template,
+        "chat_template_origin": ckpt.chat_template_origin,
+        "tokens": {"bos_id": spec.bos_id, "add_bos": spec.add_bos, "stop_ids": list(spec.eos_ids)},
+        "params": param_order,
+        "entry_points": ["embed", "prefill", "prefill_all", "decode", "create_kv_cache"],
+        "kv_cache": {"page_size": PAGE_SIZE, "max_prefill_chunk": chunk, "dtype": "float32"},
+        "source": {"ref": Path(ckpt.source).name, "sha256": ckpt.sha256},
+        "build": {"target": options.target, "target_config": target, "quant": options.quant},
+    }
+
+
+def cache_key(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()

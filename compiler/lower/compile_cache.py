@@ -1,0 +1,83 @@
+"""Lower a model to a compiled library, or reuse the one compiled before for the same graph.
+
+The cache key is everything the compiled code depends on: the spec, the scheme of every weight,
+the target, the TVM version and the source of compiler/ itself. A hit skips export and compile.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..fingerprint import code_fingerprint
+from ..sources.base import SourceTensor
+from ..spec import ModelSpec
+from . import schedules, tvm_api
+
+
+@dataclass(frozen=True)
+class Compiled:
+    library: bytes  # the shared library TVM loads
+    param_names: list[str]  # the order the entry points take their parameters in
+    target: dict[str, Any]
+    from_cache: bool
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("GOINFER_CACHE", Path.home() / ".cache" / "goinfer")) / "modules"
+
+
+def target_for(name: str, num_cores: int | None) -> dict[str, Any]:
+    if name != "llvm":
+        raise ValueError(f"target {name!r} is not built yet")
+    return tvm_api.host_target(num_cores)
+
+
+def build_model(
+    spec: ModelSpec, layer_cls: type, pick: Callable, tensors: Mapping[str, SourceTensor], target: dict
+):
+    from ..models.decoder import CausalLM
+
+    return CausalLM(spec, layer_cls, pick, tensors, tvm_api.make_target(target))
+
+
+def compile_model(
+    model, spec: ModelSpec, schemes: dict[str, str], target: dict, progress: Callable[[str], None]
+) -> Compiled:
+    key_src = {
+        "spec": spec.to_json(),
+        "schemes": schemes,
+        "target": target,
+        "tvm": tvm_api.TVM_VERSION,
+        "code": code_fingerprint(),
+    }
+    key = hashlib.sha256(json.dumps(key_src, sort_keys=True).encode()).hexdigest()[:32]
+    entry = cache_dir() / key
+    lib, names = entry / "module.so", entry / "params.json"
+    if lib.is_file() and names.is_file():
+        progress(f"      reusing compiled module {key}")
+        return Compiled(lib.read_bytes(), json.loads(names.read_text()), target, True)
+
+    t0 = time.perf_counter()
+    mod, params = tvm_api.export(model, model.export_spec())
+    progress(
+        f"      exported {len(mod.functions_items())} functions in {time.perf_counter() - t0:.1f}s; compiling"
+    )
+    executable = tvm_api.compile_module(mod, tvm_api.make_target(target), schedules.cpu_rules())
+    entry.mkdir(parents=True, exist_ok=True)
+    # Written to a temp name then renamed, so a crash never leaves a half library in the cache.
+    with tempfile.TemporaryDirectory(dir=entry) as tmp:
+        tmp_lib = Path(tmp) / "module.so"
+        tvm_api.export_library(executable, str(tmp_lib))
+        (Path(tmp) / "params.json").write_text(json.dumps([n for n, _ in params]))
+        os.replace(Path(tmp) / "params.json", names)
+        os.replace(tmp_lib, lib)
+    progress(f"      compiled in {time.perf_counter() - t0:.1f}s")
+    return Compiled(lib.read_bytes(), [n for n, _ in params], target, False)

@@ -1,0 +1,100 @@
+"""CPU schedules: every kernel gets its loops parallelised across cores; none runs as written.
+
+- QuantMatmul: our quantized matmuls (block "qmatmul"): output rows split across cores, K innermost
+  and read in storage order, so a weight is streamed once, dequantized in registers.
+- dlight's CPU rules for norms and softmax-like reductions.
+- ParallelFallback: anything left (elementwise, gathers, small reductions) runs its outer spatial
+  loop in parallel, so no kernel is left serial and unscheduled.
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+from tvm.s_tir import dlight
+from tvm.target import Target
+
+ROW_TILE = 16  # output rows per parallel task
+K_UNROLL = 8  # one int4 word holds 8 nibbles: unroll by it so each word is loaded once
+
+
+def _blocks(sch: s_tir.Schedule) -> list:
+    return sch.get_child_blocks(sch.get_sblock("root") if _has_root(sch) else None)
+
+
+def _has_root(sch: s_tir.Schedule) -> bool:
+    try:
+        sch.get_sblock("root")
+    except Exception:
+        return False
+    return True
+
+
+def _is_reduction(sch: s_tir.Schedule, block) -> bool:
+    return any(iv.iter_type == tirx.IterVar.CommReduce for iv in sch.get(block).iter_vars)
+
+
+def _parallel_outer(sch: s_tir.Schedule, block) -> None:
+    """Fuse the leading spatial loops of a block and run them in parallel."""
+    loops = sch.get_loops(block)
+    if not loops:
+        return
+    stmt = sch.get(block)
+    n_spatial = 0
+    for iv in stmt.iter_vars:
+        if iv.iter_type != tirx.IterVar.DataPar:
+            break
+        n_spatial += 1
+    lead = loops[: max(1, min(n_spatial, len(loops)))]
+    fused = sch.fuse(*lead) if len(lead) > 1 else lead[0]
+    sch.parallel(fused)
+
+
+def _try_reverse_compute_at(sch: s_tir.Schedule, block, loop) -> bool:
+    """Fuse an epilogue under `loop` when all its producers live there (int8: yes; int8int8: no)."""
+    try:
+        sch.reverse_compute_at(block, loop)
+    except s_tir.ScheduleError:
+        return False
+    return True
+
+
+class QuantMatmul(dlight.ScheduleRule):
+    def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool):
+        if not isinstance(func, tirx.PrimFunc):
+            return None
+        sch = s_tir.Schedule(func)
+        try:
+            mm = sch.get_sblock("qmatmul")
+        except Exception:
+            return None
+        i, n, k = sch.get_loops(mm)
+        no, ni = sch.split(n, [None, ROW_TILE])
+        ko, ki = sch.split(k, [None, K_UNROLL])
+        sch.reorder(no, i, ni, ko, ki)
+        sch.parallel(no)
+        sch.unroll(ki)
+        for block in _blocks(sch):
+            name = sch.get(block).name_hint
+            if name == "qmatmul":
+                continue
+            if name == "qmatmul_scale" and _try_reverse_compute_at(sch, block, ni):
+                continue
+            # Activation quantization (int8int8) and its rescale: per token, in parallel.
+            _parallel_outer(sch, block)
+        return sch
+
+
+class ParallelFallback(dlight.ScheduleRule):
+    def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool):
+        if not isinstance(func, tirx.PrimFunc):
+            return None
+        sch = s_tir.Schedule(func)
+        if not _has_root(sch):
+            return None
+        for block in _blocks(sch):
+            _parallel_outer(sch, block)
+        return sch
+
+
+def cpu_rules() -> list[dlight.ScheduleRule]:
+    return [QuantMatmul(), dlight.cpu.Reduction(), dlight.cpu.GEMV(), ParallelFallback()]

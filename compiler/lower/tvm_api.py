@@ -1,0 +1,140 @@
+"""Every TVM call that tends to change between releases, in one place (written against TVM 0.27).
+
+If a TVM upgrade breaks the build, this file and schedules.py are where to look.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tvm
+from tvm import relax, tirx
+from tvm.relax.frontend import nn
+from tvm.relax.frontend.nn.core import _attribute_finder
+from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache, RopeMode, TIRPagedKVCache
+from tvm.s_tir import dlight
+from tvm.target import Target, codegen
+
+from ..spec import ModelSpec
+
+__all__ = [
+    "PagedKVCache",
+    "Target",
+    "compile_module",
+    "export",
+    "host_target",
+    "modules_of_type",
+    "paged_kv_cache",
+]
+
+TVM_VERSION: str = tvm.__version__
+
+# These VMs advertise AMX, but its instructions fault (SIGILL): never let LLVM emit them.
+_NO_AMX = ("-amx-tile", "-amx-int8", "-amx-bf16", "-amx-fp16", "-amx-complex")
+
+
+def host_target(num_cores: int | None = None) -> dict[str, Any]:
+    """The host CPU as a target dict: its ISA, its core count, and AMX switched off."""
+    import os
+
+    return {
+        "kind": "llvm",
+        "mtriple": "x86_64-linux-gnu",
+        "mcpu": codegen.llvm_get_system_cpu(),
+        "mattr": list(_NO_AMX),
+        "num-cores": num_cores or os.cpu_count() or 1,
+    }
+
+
+def make_target(target: dict[str, Any]) -> Target:
+    return Target(target)
+
+
+def modules_of_type(root: nn.Module, cls: type) -> list[tuple[str, Any]]:
+    """(dotted name, module) for every sub-module of `root` that is an instance of `cls`."""
+    return list(_attribute_finder(root, "", condition_yield=lambda x: isinstance(x, cls)))
+
+
+def export(model: nn.Module, spec: nn.spec.ModuleSpec) -> tuple[tvm.IRModule, list[tuple[str, nn.Parameter]]]:
+    mod, params = model.export_tvm(spec=spec)
+    return mod, params
+
+
+def paged_kv_cache(
+    spec: ModelSpec,
+    target: Target,
+    max_batch_size: tirx.Var,
+    max_total_seq_len: tirx.Var,
+    prefill_chunk_size: tirx.Var,
+    page_size: tirx.Var,
+) -> PagedKVCache:
+    """TVM's paged KV cache with its CPU (TIR) attention kernels.
+
+    RoPE is applied by the model itself (RopeMode.NONE), since gemma3 needs two bases and QK-norm
+    before rotation; the cache only stores and attends.
+    """
+    kinds = ["mha_sliding" if w else "mha" for w in spec.sliding_layers] or "mha"
+    return TIRPagedKVCache(
+        attn_kind=kinds,
+        max_batch_size=max_batch_size,
+        max_total_seq_len=max_total_seq_len,
+        prefill_chunk_size=prefill_chunk_size,
+        page_size=page_size,
+        support_sliding_window=0,
+        layer_partition=relax.ShapeExpr([0, spec.num_layers]),
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        qk_head_dim=spec.head_dim,
+        v_head_dim=spec.head_dim,
+        mla_original_qk_head_dim=0,
+        mla_original_v_head_dim=0,
+        rope_mode=RopeMode.NONE,
+        rope_scale=1,
+        rope_theta=int(spec.rope_theta),
+        rope_scaling={},
+        rope_ext_factors=tirx.IntImm("int64", 0),
+        rotary_dim=spec.head_dim,
+        enable_disaggregation=False,
+        dtype="float32",
+        target=target,
+        layer_sliding_window_size=spec.sliding_window or 1024,
+    )
+
+
+def compile_module(mod: tvm.IRModule, target: Target, schedule_rules: list[dlight.ScheduleRule]):
+    """Lower a Relax module for a CPU target and build it into an executable."""
+
+    @tvm.transform.module_pass(opt_level=0)
+    def pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        passes = [
+            relax.backend.DispatchSampling(),
+            relax.backend.DispatchSortScan(),
+            relax.transform.LegalizeOps(),
+            relax.transform.AnnotateTIROpPattern(),
+            relax.transform.FoldConstant(),
+            relax.transform.FuseOps(),
+            relax.transform.FuseTIR(),
+            relax.transform.DeadCodeElimination(),
+            dlight.ApplyDefaultSchedule(*schedule_rules),
+            relax.transform.RewriteDataflowReshape(),
+            relax.transform.ToNonDataflow(),
+            relax.transform.RemovePurityChecking(),
+            relax.transform.CallTIRRewrite(),
+            relax.transform.StaticPlanBlockMemory(),
+            relax.transform.LowerAllocTensor(),
+            relax.transform.KillAfterLastUse(),
+            relax.transform.LowerRuntimeBuiltin(),
+            relax.transform.ComputePrimValue(),
+            relax.transform.VMShapeLower(),
+            relax.transform.AttachGlobalSymbol(),
+        ]
+        with target:
+            return tvm.transform.Sequential(passes)(mod)
+
+    with target:
+        return tvm.compile(mod, target, relax_pipeline=pipeline)
+
+
+def export_library(executable, path: str) -> None:
+    executable.export_library(path)

@@ -1,0 +1,158 @@
+"""The decoder-only skeleton the families share: attention over the paged KV cache, and the
+exported entry points (embed / prefill / prefill_all / decode / create_kv_cache).
+
+A family supplies its layer class; behaviour that differs between families comes from ModelSpec
+flags (bias, qk-norm, sliding layers), never from the family's name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from tvm import te, tirx
+from tvm.relax.frontend import nn
+from tvm.relax.frontend.nn import Tensor, op
+
+from ..lower import tvm_api
+from ..sources.base import SourceTensor
+from ..spec import ModelSpec
+from .layers import Bias, QLinear, RMSNorm, SchemePicker, rope
+
+
+class Attention(nn.Module):
+    def __init__(self, spec: ModelSpec, layer: int, pick: SchemePicker, tensors: Mapping[str, SourceTensor]):
+        super().__init__()
+        self.layer, self.spec = layer, spec
+        h, hkv, d = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        names = tuple(f"blk.{layer}.attn_{n}.weight" for n in ("q", "k", "v"))
+        self.qkv = QLinear(pick(tensors[names[0]]), spec.hidden_size, (h + 2 * hkv) * d, names)
+        self.qkv_bias = (
+            Bias((h + 2 * hkv) * d, tuple(f"blk.{layer}.attn_{n}.bias" for n in ("q", "k", "v")))
+            if spec.attention_bias
+            else None
+        )
+        out = f"blk.{layer}.attn_output.weight"
+        self.o = QLinear(pick(tensors[out]), h * d, spec.hidden_size, (out,))
+        if spec.qk_norm:
+            off = spec.norm_weight_offset
+            self.q_norm = RMSNorm(d, spec.norm_eps, f"blk.{layer}.attn_q_norm.weight", off)
+            self.k_norm = RMSNorm(d, spec.norm_eps, f"blk.{layer}.attn_k_norm.weight", off)
+
+    def forward(self, x: Tensor, positions: Tensor, kv: tvm_api.PagedKVCache) -> Tensor:
+        s = self.spec
+        h, hkv, d = s.num_heads, s.num_kv_heads, s.head_dim
+        b, t, _ = x.shape
+        qkv = self.qkv(x)
+        if self.qkv_bias is not None:
+            qkv = self.qkv_bias(qkv)
+        qkv = op.reshape(qkv, (b, t, h + 2 * hkv, d))
+        if s.qk_norm:
+            q, k, v = op.split(qkv, [h, h + hkv], axis=2)
+            qkv = op.concat([self.q_norm(q), self.k_norm(k), v], dim=2)
+        qkv = rope(qkv, positions, h + hkv, s.layer_rope_theta(self.layer), _linear_factor(s))
+        o = kv.attention_with_fused_qkv(self.layer, qkv, h, sm_scale=s.softmax_scale)
+        return self.o(op.reshape(o, (b, t, h * d)))
+
+
+def _linear_factor(spec: ModelSpec) -> float:
+    return spec.rope_scaling.factor if spec.rope_scaling.kind == "linear" else 1.0
+
+
+class CausalLM(nn.Module):
+    """Token embedding, a stack of family layers, final norm, LM head (maybe tied)."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        layer_cls: type[nn.Module],
+        pick: SchemePicker,
+        tensors: Mapping[str, SourceTensor],
+        target: tvm_api.Target,
+    ):
+        super().__init__()
+        self.spec, self.target = spec, target
+        emb = "token_embd.weight"
+        self.embed_tokens = QLinear(pick(tensors[emb]), spec.hidden_size, spec.vocab_size, (emb,))
+        self.layers = nn.ModuleList([layer_cls(spec, i, pick, tensors) for i in range(spec.num_layers)])
+        self.norm = RMSNorm(spec.hidden_size, spec.norm_eps, "output_norm.weight", spec.norm_weight_offset)
+        # A tied head reuses embed_tokens; it is not stored twice (nor registered twice).
+        self.lm_head = (
+            None
+            if spec.tie_embeddings
+            else QLinear(
+                pick(tensors["output.weight"]), spec.hidden_size, spec.vocab_size, ("output.weight",)
+            )
+        )
+
+    def _logits(self, h: Tensor) -> Tensor:
+        return (self.lm_head or self.embed_tokens)(h)
+
+    # -- exported entry points -------------------------------------------------------------
+    def embed(self, input_ids: Tensor) -> Tensor:
+        x = self.embed_tokens.take(input_ids)
+        return x * self.spec.embed_scale if self.spec.embed_scale != 1.0 else x
+
+    def _body(self, x: Tensor, kv: tvm_api.PagedKVCache) -> Tensor:
+        b, t, _ = x.shape
+        positions = kv.get_query_positions(b * t)
+        for layer in self.layers:
+            x = layer(x, positions, kv)
+        return self.norm(x)
+
+    def prefill(self, input_embed: Tensor, kv: tvm_api.PagedKVCache):
+        """Logits of the last prompt position only: (1, 1, vocab)."""
+        h = self._body(input_embed, kv)
+
+        def last(x: te.Tensor) -> te.Tensor:
+            b, t, d = x.shape
+            return te.compute((b, 1, d), lambda i, _, k: x[i, t - 1, k], name="last_position")
+
+        return self._logits(op.tensor_expr_op(last, "last_position", [h])), kv
+
+    def prefill_all(self, input_embed: Tensor, kv: tvm_api.PagedKVCache):
+        """Logits of every prompt position: (1, seq_len, vocab) (prompt log-probs, tests)."""
+        return self._logits(self._body(input_embed, kv)), kv
+
+    def decode(self, input_embed: Tensor, kv: tvm_api.PagedKVCache):
+        """One new token for each of `batch` sequences: (batch, 1, hidden) -> (batch, 1, vocab)."""
+        return self._logits(self._body(input_embed, kv)), kv
+
+    def create_kv_cache(
+        self,
+        max_batch_size: tirx.Var,
+        max_total_seq_len: tirx.Var,
+        prefill_chunk_size: tirx.Var,
+        page_size: tirx.Var,
+    ) -> tvm_api.PagedKVCache:
+        return tvm_api.paged_kv_cache(
+            self.spec, self.target, max_batch_size, max_total_seq_len, prefill_chunk_size, page_size
+        )
+
+    def export_spec(self) -> nn.spec.ModuleSpec:
+        d = self.spec.hidden_size
+        kv = nn.spec.Object(object_type=tvm_api.PagedKVCache)
+        packed = {"param_mode": "packed", "effect_mode": "none"}
+        return nn.spec.ModuleSpec.from_raw(
+            {
+                "embed": {"input_ids": nn.spec.Tensor(["seq_len"], "int32"), "$": packed},
+                "prefill": {
+                    "input_embed": nn.spec.Tensor([1, "seq_len", d], "float32"),
+                    "kv": kv,
+                    "$": packed,
+                },
+                "prefill_all": {
+                    "input_embed": nn.spec.Tensor([1, "seq_len", d], "float32"),
+                    "kv": kv,
+                    "$": packed,
+                },
+                "decode": {"input_embed": nn.spec.Tensor(["batch", 1, d], "float32"), "kv": kv, "$": packed},
+                "create_kv_cache": {
+                    "max_batch_size": int,
+                    "max_total_seq_len": int,
+                    "prefill_chunk_size": int,
+                    "page_size": int,
+                    "$": {"param_mode": "none", "effect_mode": "none"},
+                },
+            },
+            self,
+        )

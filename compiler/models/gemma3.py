@@ -1,0 +1,39 @@
+"""gemma3: sandwich norms, QK-norm, GELU-tanh MLP, sliding-window layers between global ones.
+
+    h = x + post_attn_norm(attn(attn_norm(x)))    q/k RMS-normed per head before RoPE
+    y = h + post_ffw_norm(mlp(ffn_norm(h)))
+Embeddings are scaled by sqrt(hidden); windowed layers use their own RoPE base (spec.rope_local_theta)
+and the KV cache keeps only their last `sliding_window` positions. Norm weights are (1 + w); GGUF
+stores them with the 1 already added, so spec.norm_weight_offset is 0 for GGUF sources.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from tvm.relax.frontend import nn
+from tvm.relax.frontend.nn import Tensor
+
+from ..sources.base import SourceTensor
+from ..spec import ModelSpec
+from .decoder import Attention
+from .layers import GatedMLP, RMSNorm, SchemePicker
+
+
+class Gemma3Layer(nn.Module):
+    def __init__(self, spec: ModelSpec, layer: int, pick: SchemePicker, tensors: Mapping[str, SourceTensor]):
+        super().__init__()
+        d, eps, off = spec.hidden_size, spec.norm_eps, spec.norm_weight_offset
+        self.attn_norm = RMSNorm(d, eps, f"blk.{layer}.attn_norm.weight", off)
+        self.attn = Attention(spec, layer, pick, tensors)
+        self.post_attn_norm = RMSNorm(d, eps, f"blk.{layer}.post_attention_norm.weight", off)
+        self.ffn_norm = RMSNorm(d, eps, f"blk.{layer}.ffn_norm.weight", off)
+        self.mlp = GatedMLP(spec, layer, pick, tensors)
+        self.post_ffw_norm = RMSNorm(d, eps, f"blk.{layer}.post_ffw_norm.weight", off)
+
+    def forward(self, x: Tensor, positions: Tensor, kv) -> Tensor:
+        h = x + self.post_attn_norm(self.attn(self.attn_norm(x), positions, kv))
+        return h + self.post_ffw_norm(self.mlp(self.ffn_norm(h)))
+
+
+LAYER = Gemma3Layer

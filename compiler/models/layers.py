@@ -1,0 +1,151 @@
+"""Building blocks every family assembles: quantized linear/embedding, norms, RoPE, gated MLP.
+
+Each block that owns weights names the checkpoint tensors it is built from (`sources`) and knows
+how to turn them into its parameters (`pack`), so the build can fill a model without a name table
+per family, and every parameter is accounted for.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from types import ModuleType
+
+import numpy as np
+from tvm import te, tirx
+from tvm.relax.frontend import nn
+from tvm.relax.frontend.nn import Tensor, op
+
+from ..sources.base import SourceTensor
+from ..spec import ModelSpec
+
+# Picks the quant scheme for a weight from its checkpoint tensor (int4mix looks at its bits).
+SchemePicker = Callable[[SourceTensor], ModuleType]
+
+
+class Weighted(nn.Module):
+    """A module whose parameters are packed from named checkpoint tensors."""
+
+    sources: tuple[str, ...]
+
+    def pack(self, tensors: Mapping[str, SourceTensor]) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+
+def _concat_rows(tensors: Mapping[str, SourceTensor], names: tuple[str, ...]) -> np.ndarray:
+    parts = [tensors[n].load() for n in names]
+    return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+
+
+class QLinear(Weighted):
+    """y = x @ W^T (+ b), W packed by a quant scheme; several sources are fused along `out`."""
+
+    def __init__(self, scheme: ModuleType, in_features: int, out_features: int, sources: tuple[str, ...]):
+        super().__init__()
+        self.scheme, self.sources = scheme, sources
+        self.in_features, self.out_features = in_features, out_features
+        self.params = {
+            name: nn.Parameter(shape, dtype)
+            for name, (shape, dtype) in scheme.param_specs(out_features, in_features).items()
+        }
+        for name, p in self.params.items():
+            setattr(self, name, p)
+
+    def pack(self, tensors: Mapping[str, SourceTensor]) -> dict[str, np.ndarray]:
+        w = _concat_rows(tensors, self.sources)
+        if w.shape != (self.out_features, self.in_features):
+            raise ValueError(
+                f"{self.sources}: shape {w.shape}, expected {(self.out_features, self.in_features)}"
+            )
+        return self.scheme.pack(w)
+
+    def forward(self, x: Tensor) -> Tensor:
+        lead = x.shape[:-1]
+        flat = op.reshape(x, (-1, self.in_features))
+        y = op.tensor_expr_op(
+            self.scheme.linear,
+            f"{self.scheme.NAME}_linear",
+            [flat, *self.params.values()],
+            attrs={"op_pattern": 8},  # opaque: keep it one kernel so our schedule rule sees it whole
+        )
+        return op.reshape(y, (*lead, self.out_features))
+
+    def take(self, ids: Tensor) -> Tensor:
+        """Rows of W (the embedding view of a tied LM head)."""
+        return op.tensor_expr_op(
+            self.scheme.take,
+            f"{self.scheme.NAME}_take",
+            [ids, *self.params.values()],
+            attrs={"op_pattern": 8},
+        )
+
+
+class Bias(Weighted):
+    def __init__(self, size: int, sources: tuple[str, ...]):
+        super().__init__()
+        self.sources = sources
+        self.weight = nn.Parameter((size,), "float32")
+
+    def pack(self, tensors: Mapping[str, SourceTensor]) -> dict[str, np.ndarray]:
+        return {
+            "weight": np.concatenate([tensors[n].load().reshape(-1) for n in self.sources]).astype(np.float32)
+        }
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + self.weight
+
+
+class RMSNorm(Weighted):
+    """x / rms(x) * (offset + w) over the last axis; the offset is folded into w at pack time."""
+
+    def __init__(self, size: int, eps: float, source: str, offset: float = 0.0):
+        super().__init__()
+        self.sources, self.eps, self.offset = (source,), eps, offset
+        self.weight = nn.Parameter((size,), "float32")
+
+    def pack(self, tensors: Mapping[str, SourceTensor]) -> dict[str, np.ndarray]:
+        return {"weight": (tensors[self.sources[0]].load().reshape(-1) + self.offset).astype(np.float32)}
+
+    def forward(self, x: Tensor) -> Tensor:
+        return op.rms_norm(x, self.weight, axes=[-1], epsilon=self.eps)
+
+
+class GatedMLP(nn.Module):
+    """down(act(gate(x)) * up(x)), with gate and up fused into one matmul."""
+
+    def __init__(self, spec: ModelSpec, layer: int, pick: SchemePicker, tensors: Mapping[str, SourceTensor]):
+        super().__init__()
+        gate, up, down = (f"blk.{layer}.ffn_{n}.weight" for n in ("gate", "up", "down"))
+        self.inter, self.act = spec.intermediate_size, spec.activation
+        self.gate_up = QLinear(pick(tensors[gate]), spec.hidden_size, 2 * self.inter, (gate, up))
+        self.down = QLinear(pick(tensors[down]), self.inter, spec.hidden_size, (down,))
+
+    def forward(self, x: Tensor) -> Tensor:
+        g, u = op.split(self.gate_up(x), 2, axis=-1)
+        a = op.silu(g) if self.act == "silu" else op.gelu(g, approximate="tanh")
+        return self.down(a * u)
+
+
+def rope(
+    qkv: Tensor, positions: Tensor, rotated_heads: int, theta: float, linear_factor: float = 1.0
+) -> Tensor:
+    """Half-split (NeoX) rotary embedding on the first `rotated_heads` heads of a fused qkv.
+
+    qkv: (b, s, heads, d); positions: (b*s,) int32, each token's index in its sequence.
+    """
+
+    def compute(x: te.Tensor, pos: te.Tensor) -> te.Tensor:
+        b, s, h, d = x.shape
+        half = d // 2
+
+        def f(bi, si, hi, di):
+            j = tirx.if_then_else(di < half, di, di - half)
+            freq = tirx.exp(j.astype("float32") * tirx.const(-2.0 * math.log(theta) / int(d), "float32"))
+            angle = pos[bi * s + si].astype("float32") / tirx.const(linear_factor, "float32") * freq
+            partner = tirx.if_then_else(di < half, -x[bi, si, hi, di + half], x[bi, si, hi, di - half])
+            rotated = x[bi, si, hi, di] * tirx.cos(angle) + partner * tirx.sin(angle)
+            return tirx.if_then_else(hi < rotated_heads, rotated, x[bi, si, hi, di])
+
+        return te.compute((b, s, h, d), f, name="rope")
+
+    return op.tensor_expr_op(compute, "rope", [qkv, positions])

@@ -1,0 +1,33 @@
+"""llama (SmolLM2 and friends): pre-norm blocks, SwiGLU MLP, GQA, RoPE.
+
+h = x + attn(rmsnorm(x))          blk.{i}.attn_norm, attn_{q,k,v,output}
+y = h + mlp(rmsnorm(h))           blk.{i}.ffn_norm, ffn_{gate,up,down}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from tvm.relax.frontend import nn
+from tvm.relax.frontend.nn import Tensor
+
+from ..sources.base import SourceTensor
+from ..spec import ModelSpec
+from .decoder import Attention
+from .layers import GatedMLP, RMSNorm, SchemePicker
+
+
+class LlamaLayer(nn.Module):
+    def __init__(self, spec: ModelSpec, layer: int, pick: SchemePicker, tensors: Mapping[str, SourceTensor]):
+        super().__init__()
+        self.attn_norm = RMSNorm(spec.hidden_size, spec.norm_eps, f"blk.{layer}.attn_norm.weight")
+        self.attn = Attention(spec, layer, pick, tensors)
+        self.ffn_norm = RMSNorm(spec.hidden_size, spec.norm_eps, f"blk.{layer}.ffn_norm.weight")
+        self.mlp = GatedMLP(spec, layer, pick, tensors)
+
+    def forward(self, x: Tensor, positions: Tensor, kv) -> Tensor:
+        h = x + self.attn(self.attn_norm(x), positions, kv)
+        return h + self.mlp(self.ffn_norm(h))
+
+
+LAYER = LlamaLayer

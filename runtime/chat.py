@@ -1,0 +1,50 @@
+"""Chat templates: the checkpoint's own jinja2 template, rendered the way HF transformers does."""
+
+from __future__ import annotations
+
+import functools
+from datetime import datetime
+from typing import Any
+
+from jinja2 import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+
+class ChatTemplateError(ValueError):
+    pass
+
+
+def _raise(message: str) -> None:
+    raise ChatTemplateError(message)
+
+
+@functools.lru_cache(maxsize=8)
+def _compile(source: str):
+    # Same settings as transformers' apply_chat_template, so renders match byte for byte.
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
+    env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(source)
+
+
+def render_chat(
+    template: str,
+    messages: list[dict[str, Any]],
+    *,
+    add_generation_prompt: bool = True,
+    bos_token: str = "",
+    eos_token: str = "",
+    **extra: Any,
+) -> str:
+    try:
+        return _compile(template).render(
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=bos_token,
+            eos_token=eos_token,
+            **extra,
+        )
+    except TemplateError as e:
+        raise ChatTemplateError(f"chat template failed: {e}") from None

@@ -1,0 +1,176 @@
+"""A loaded bundle: weights mapped zero-copy, the compiled module, the tokenizer and the KV cache.
+
+model = Model.load("qwen.giw")
+for event in model.generate(model.encode("The capital of France is"), SamplingParams(temperature=0)):
+    print(event.text, end="")
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from goinfer.artifacts import giw
+from tokenizers import Tokenizer
+
+from . import tvm_runtime as rt
+from .chat import render_chat
+from .detokenizer import Detokenizer
+from .sampler import Sampler, SamplingParams, log_softmax
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """One generated token, or the end of the stream (token_id None, finish_reason set)."""
+
+    token_id: int | None
+    text: str
+    logprob: float | None = None
+    finish_reason: str | None = None  # "stop" | "length"
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+class Model:
+    def __init__(self, bundle: giw.Bundle, vm, params: list, tokenizer: Tokenizer, load_seconds: float):
+        self.bundle, self.vm, self.params, self.tokenizer = bundle, vm, params, tokenizer
+        m = bundle.manifest
+        self.manifest: dict[str, Any] = m
+        self.spec: dict[str, Any] = m["spec"]
+        self.hidden = int(self.spec["hidden_size"])
+        self.context_length = int(m["context_length"])
+        self.stop_ids = frozenset(m["tokens"]["stop_ids"])
+        self.bos_id = m["tokens"]["bos_id"]
+        self.add_bos = bool(m["tokens"]["add_bos"])
+        self.chat_template: str = m["chat_template"]
+        kvc = m["kv_cache"]
+        self.page_size = int(kvc["page_size"])
+        self.max_prefill_chunk = int(kvc["max_prefill_chunk"]) or self.context_length
+        self.load_seconds = load_seconds
+        self._kv = None
+        self._kv_len = 0  # tokens of sequence 0 held in the cache (prefix reuse)
+        self._kv_ids: list[int] = []
+
+    # -- loading -------------------------------------------------------------------------
+    @classmethod
+    def load(cls, path: str | Path, verify: str = "once", cache_dir: Path | None = None) -> Model:
+        t0 = time.perf_counter()
+        bundle = giw.open_bundle(path, verify=verify, private=True)
+        modules = bundle.module_keys()
+        if "llvm" not in modules:
+            raise giw.BundleError(
+                f"bundle {path} has no CPU (llvm) module; it has: {', '.join(modules) or 'none'}"
+            )
+        lib = bundle.extract_module("llvm", (cache_dir or giw.default_cache_dir()) / "libs")
+        vm = rt.load_vm(str(lib))
+        params = [rt.wrap(bundle.tensor(name)) for name in bundle.manifest["params"]]
+        tokenizer = Tokenizer.from_str(bundle.manifest["tokenizer"])
+        return cls(bundle, vm, params, tokenizer, time.perf_counter() - t0)
+
+    # -- tokens --------------------------------------------------------------------------
+    def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
+        """Raw text -> ids, special-token strings recognised, BOS per the checkpoint's rule."""
+        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+        bos = self.add_bos if add_bos is None else add_bos
+        if bos and self.bos_id is not None and (not ids or ids[0] != self.bos_id):
+            ids = [self.bos_id, *ids]
+        return ids
+
+    def chat_prompt(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+        """Messages -> ids through the checkpoint's chat template."""
+        text = render_chat(
+            self.chat_template,
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.decode([self.bos_id]) if self.bos_id is not None else "",
+            eos_token=self.decode([min(self.stop_ids)]) if self.stop_ids else "",
+        )
+        return self.encode(text)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    # -- forward passes (sequence 0; the server's batching builds on these) ---------------
+    def _ensure_kv(self) -> None:
+        if self._kv is None:
+            self._kv = rt.create_kv_cache(
+                self.vm, 1, self.context_length, min(self.max_prefill_chunk, 2048), self.page_size
+            )
+            rt.add_sequence(self._kv, 0)
+
+    def reset(self) -> None:
+        if self._kv is not None:
+            rt.remove_sequence(self._kv, 0)
+            rt.add_sequence(self._kv, 0)
+        self._kv_len, self._kv_ids = 0, []
+
+    def _forward(self, ids: list[int], fn: str) -> np.ndarray:
+        emb = self.vm["embed"](rt.int32_tensor(ids), self.params)
+        emb = rt.reshape(emb, (1, len(ids), self.hidden))
+        rt.begin_forward(self._kv, [0], [len(ids)])
+        logits, self._kv = self.vm[fn](emb, self._kv, self.params)
+        rt.end_forward(self._kv)
+        self._kv_len += len(ids)
+        self._kv_ids.extend(ids)
+        return rt.to_numpy(logits)[0]
+
+    def prefill(self, ids: list[int], all_logits: bool = False) -> np.ndarray:
+        """Feed a prompt; returns the last position's logits (vocab,), or every position's (n, vocab)."""
+        self._ensure_kv()
+        self.reset()
+        if len(ids) > self.context_length:
+            raise ValueError(f"prompt has {len(ids)} tokens; the context window is {self.context_length}")
+        outs = []
+        # Chunked so windowed layers stay exact (see kv_cache.max_prefill_chunk in FORMAT.md).
+        for s in range(0, len(ids), self.max_prefill_chunk):
+            chunk = ids[s : s + self.max_prefill_chunk]
+            last = s + len(chunk) >= len(ids)
+            if all_logits:
+                outs.append(self._forward(chunk, "prefill_all" if len(chunk) > 1 else "decode"))
+            else:
+                out = self._forward(chunk, "prefill" if len(chunk) > 1 else "decode")
+                if last:
+                    outs.append(out)
+        return np.concatenate(outs, axis=0) if all_logits else outs[-1][-1]
+
+    def decode_step(self, token_id: int) -> np.ndarray:
+        if self._kv_len >= self.context_length:
+            raise ValueError("context window is full")
+        return self._forward([token_id], "decode")[-1]
+
+    # -- generation ----------------------------------------------------------------------
+    def generate(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[StepEvent]:
+        """Stream tokens; the final event carries finish_reason and timings."""
+        if not prompt_ids:
+            raise ValueError("empty prompt")
+        sampler = Sampler(params)
+        detok = Detokenizer(self.tokenizer, prompt_ids)
+        t0 = time.perf_counter()
+        logits = self.prefill(prompt_ids)
+        t_prefill = time.perf_counter() - t0
+        budget = min(params.max_tokens, self.context_length - len(prompt_ids))
+        n, finish = 0, "length"
+        t1 = time.perf_counter()
+        while n < budget:
+            tok = sampler(logits)
+            if tok in self.stop_ids:
+                finish = "stop"
+                break
+            n += 1
+            lp = float(log_softmax(logits)[tok])
+            yield StepEvent(tok, detok.push(tok), lp)
+            if n < budget:
+                logits = self.decode_step(tok)
+        t_decode = time.perf_counter() - t1
+        timings = {
+            "prompt_tokens": len(prompt_ids),
+            "completion_tokens": n,
+            "prefill_s": t_prefill,
+            "decode_s": t_decode,
+            "prefill_tok_s": len(prompt_ids) / t_prefill if t_prefill > 0 else 0.0,
+            "decode_tok_s": (n - 1) / t_decode if n > 1 and t_decode > 0 else 0.0,
+        }
+        yield StepEvent(None, detok.flush(), None, finish, timings)

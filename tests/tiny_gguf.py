@@ -1,0 +1,330 @@
+"""Tiny random-weight GGUF checkpoints, written with gguf's writer the way convert_hf_to_gguf would.
+
+``write_tiny_gguf(path, family)`` makes a complete file for "llama", "qwen2" or "gemma3": hidden 64,
+4 heads of 16, 2 kv heads, intermediate 128, and a small real vocabulary (byte-level BPE for
+llama/qwen2, SentencePiece-style with byte fallback for gemma3), with merges learned from a
+built-in corpus. The shapes of the families differ where the real checkpoints do:
+
+* llama (like SmolLM2): 2 layers, tied embeddings, Q/K rows stored permuted as the converter does;
+* qwen2 (like Qwen2.5): 2 layers, q/k/v biases, a separate ``output.weight``;
+* gemma3: 6 layers (5 sliding, 1 global), sliding window 4, norms stored as 1 + w, no chat template.
+
+``tiny_weights(family)`` gives the same float32 weights before the GGUF permutation and encoding,
+so tests can check what a loader returns. ``rewrite_gguf`` copies a file with edits (metadata,
+architecture, dropped or re-typed tensors) to make the broken or unusual files that error paths need.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, quants
+
+FAMILIES = ("llama", "qwen2", "gemma3")
+HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN = 64, 4, 2, 16, 128
+CONTEXT = 256
+SLIDING_WINDOW = 4
+LAYERS = {"llama": 2, "qwen2": 2, "gemma3": 6}
+ROPE_THETA = {"llama": 10000.0, "qwen2": 1000000.0, "gemma3": 1000000.0}
+# general.file_type (llama_ftype) per encoding of the 2-D weights.
+FILE_TYPES = {"F32": 0, "F16": 1, "BF16": 32, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9}
+
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content']"
+    " + '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+_CORPUS = """\
+The quick brown fox jumps over the lazy dog. The dog sleeps in the sun, and the fox runs into the
+woods. Once upon a time there was a little model that wanted to learn how to write code and talk.
+def add(a, b):
+    return a + b
+for i in range(10): print(i, add(i, i))
+It is what it is, and that is that. She said: "We're here, they've gone, I'll stay, you'd go."
+Numbers like 12, 345 and 6789 appear in text; so do symbols such as #, $, %, & and (brackets).
+"""
+
+# llama_token_type values.
+_NORMAL, _CONTROL, _USER_DEFINED, _BYTE = 1, 3, 4, 6
+
+
+def write_tiny_gguf(path: str | Path, family: str, *, seed: int = 0, tensor_type: str = "F32") -> Path:
+    """Write a tiny ``family`` checkpoint to ``path``; 2-D weights are stored as ``tensor_type``."""
+    if family not in FAMILIES:
+        raise ValueError(f"unknown family {family!r}; one of {FAMILIES}")
+    if tensor_type not in FILE_TYPES:
+        raise ValueError(f"unsupported tensor_type {tensor_type!r}; one of {tuple(FILE_TYPES)}")
+    path = Path(path)
+    w = GGUFWriter(str(path), family)
+    _write_hparams(w, family, tensor_type)
+    _write_vocab(w, family)
+    qtype = GGMLQuantizationType[tensor_type]
+    for name, array in tiny_weights(family, seed=seed).items():
+        if family == "llama" and name.split(".")[-2] in ("attn_q", "attn_k"):
+            array = _permute(array, HEADS if ".attn_q." in name else KV_HEADS)
+        if array.ndim == 1 or qtype == GGMLQuantizationType.F32:
+            w.add_tensor(name, array)  # norms and biases stay F32, as converters keep them
+        elif qtype == GGMLQuantizationType.F16:
+            w.add_tensor(name, array.astype(np.float16))
+        else:
+            w.add_tensor(name, quants.quantize(array, qtype), raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def tiny_weights(family: str, *, seed: int = 0) -> dict[str, np.ndarray]:
+    """The float32 weights of the tiny ``family`` model in numpy (out, in) order, Q/K rows half-split."""
+    rng = np.random.default_rng(seed)
+    vocab = len(tiny_vocab(family)[0])
+
+    def linear(out: int, inp: int, std: float = 0.05) -> np.ndarray:
+        return (rng.standard_normal((out, inp)) * std).astype(np.float32)
+
+    def norm(n: int) -> np.ndarray:
+        return (1.0 + rng.standard_normal(n) * 0.05).astype(np.float32)
+
+    q, kv = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
+    weights = {"token_embd.weight": linear(vocab, HIDDEN, 0.1), "output_norm.weight": norm(HIDDEN)}
+    if family == "qwen2":
+        weights["output.weight"] = linear(vocab, HIDDEN, 0.1)
+    for i in range(LAYERS[family]):
+        b = f"blk.{i}."
+        weights |= {
+            b + "attn_norm.weight": norm(HIDDEN),
+            b + "attn_q.weight": linear(q, HIDDEN),
+            b + "attn_k.weight": linear(kv, HIDDEN),
+            b + "attn_v.weight": linear(kv, HIDDEN),
+            b + "attn_output.weight": linear(HIDDEN, q),
+            b + "ffn_norm.weight": norm(HIDDEN),
+            b + "ffn_gate.weight": linear(FFN, HIDDEN),
+            b + "ffn_up.weight": linear(FFN, HIDDEN),
+            b + "ffn_down.weight": linear(HIDDEN, FFN),
+        }
+        if family == "qwen2":
+            weights |= {
+                b + "attn_q.bias": (rng.standard_normal(q) * 0.02).astype(np.float32),
+                b + "attn_k.bias": (rng.standard_normal(kv) * 0.02).astype(np.float32),
+                b + "attn_v.bias": (rng.standard_normal(kv) * 0.02).astype(np.float32),
+            }
+        if family == "gemma3":
+            weights |= {
+                b + "attn_q_norm.weight": norm(HEAD_DIM),
+                b + "attn_k_norm.weight": norm(HEAD_DIM),
+                b + "post_attention_norm.weight": norm(HIDDEN),
+                b + "post_ffw_norm.weight": norm(HIDDEN),
+            }
+    return weights
+
+
+def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    # convert_hf_to_gguf's LlamaModel.permute: half-split RoPE rows -> interleaved pairs, per head.
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _write_hparams(w: GGUFWriter, family: str, tensor_type: str) -> None:
+    w.add_name(f"tiny-{family}")
+    w.add_context_length(CONTEXT)
+    w.add_embedding_length(HIDDEN)
+    w.add_block_count(LAYERS[family])
+    w.add_feed_forward_length(FFN)
+    w.add_head_count(HEADS)
+    w.add_head_count_kv(KV_HEADS)
+    w.add_rope_freq_base(ROPE_THETA[family])
+    w.add_layer_norm_rms_eps(1e-6 if family != "llama" else 1e-5)
+    w.add_file_type(FILE_TYPES[tensor_type])
+    if family == "llama":
+        w.add_vocab_size(len(tiny_vocab(family)[0]))
+        w.add_rope_dimension_count(HEAD_DIM)
+    if family == "gemma3":
+        w.add_key_length(HEAD_DIM)
+        w.add_value_length(HEAD_DIM)
+        w.add_sliding_window(SLIDING_WINDOW)
+    if tensor_type not in ("F32", "F16", "BF16"):
+        w.add_quantization_version(2)
+
+
+def _write_vocab(w: GGUFWriter, family: str) -> None:
+    tokens, types, extra = tiny_vocab(family)
+    w.add_token_list(list(tokens))
+    w.add_token_types(list(types))
+    if family == "gemma3":
+        w.add_tokenizer_model("llama")
+        w.add_tokenizer_pre("default")
+        w.add_token_scores(list(extra))
+        ids = {t: i for i, t in enumerate(tokens)}
+        w.add_bos_token_id(ids["<bos>"])
+        w.add_eos_token_id(ids["<eos>"])
+        w.add_unk_token_id(ids["<unk>"])
+        w.add_pad_token_id(ids["<pad>"])
+        w.add_add_bos_token(True)
+        w.add_add_eos_token(False)
+        w.add_add_space_prefix(False)
+        return
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm" if family == "llama" else "qwen2")
+    w.add_token_merges(list(extra))
+    ids = {t: i for i, t in enumerate(tokens)}
+    if family == "llama":  # SmolLM2's choices
+        w.add_bos_token_id(ids["<|im_start|>"])
+        w.add_eos_token_id(ids["<|im_end|>"])
+        w.add_unk_token_id(ids["<|endoftext|>"])
+        w.add_pad_token_id(ids["<|im_end|>"])
+        w.add_add_space_prefix(False)
+    else:  # Qwen2.5's
+        w.add_bos_token_id(ids["<|endoftext|>"])
+        w.add_eos_token_id(ids["<|im_end|>"])
+        w.add_pad_token_id(ids["<|endoftext|>"])
+    w.add_add_bos_token(False)
+    w.add_chat_template(CHATML)
+
+
+@functools.cache
+def tiny_vocab(family: str) -> tuple[tuple[str, ...], tuple[int, ...], tuple[str, ...] | tuple[float, ...]]:
+    """(tokens, token types, merges for byte-level BPE or scores for SentencePiece)."""
+    tokens, types, extra = _spm_vocab() if family == "gemma3" else _bpe_vocab(family)
+    return tuple(tokens), tuple(types), tuple(extra)
+
+
+def _bpe_vocab(family: str) -> tuple[list[str], list[int], list[str]]:
+    table = _byte_to_unicode()
+    words = Counter(
+        "".join(table[b] for b in w.encode())
+        for w in re.findall(r" ?[A-Za-z]+| ?[0-9]| ?[^\sA-Za-z0-9]+|\s+", _CORPUS)
+    )
+    pieces, merges = _train_bpe(words, 120)
+    base = [table[b] for b in range(256)]
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    if family == "llama":  # SmolLM2 puts its specials first
+        tokens = specials + base + pieces
+        types = [_CONTROL] * 3 + [_NORMAL] * (256 + len(pieces))
+    else:  # Qwen2.5 puts them last, with a user-defined one among them
+        tokens = [*base, *pieces, *specials, "<tool_call>"]
+        types = [_NORMAL] * (256 + len(pieces)) + [_CONTROL] * 3 + [_USER_DEFINED]
+    return tokens, types, [f"{a} {b}" for a, b in merges]
+
+
+def _spm_vocab() -> tuple[list[str], list[int], list[float]]:
+    words = Counter("▁" + w for w in _CORPUS.split())
+    pieces, _ = _train_bpe(words, 120)
+    chars = sorted({c for w in words for c in w})
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>", "<end_of_turn>"]
+    user = ["\n", "\n\n", "  "]
+    byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
+    tokens = specials + user + byte_tokens + pieces + chars
+    types = [_CONTROL] * len(specials) + [_USER_DEFINED] * len(user) + [_BYTE] * 256
+    types += [_NORMAL] * (len(pieces) + len(chars))
+    # SentencePiece BPE scores: merged pieces by merge order, then the characters below them.
+    scores = [-1000.0] * (len(specials) + len(user)) + [0.0] * 256
+    scores += [-float(i) for i in range(len(pieces) + len(chars))]
+    return tokens, types, scores
+
+
+def _train_bpe(words: Counter[str], n_merges: int) -> tuple[list[str], list[tuple[str, str]]]:
+    """Greedy BPE over ``words`` (most frequent pair first, ties by text): new pieces and merges."""
+    splits = {w: list(w) for w in words}
+    pieces: list[str] = []
+    merges: list[tuple[str, str]] = []
+    for _ in range(n_merges):
+        pairs: Counter[tuple[str, str]] = Counter()
+        for w, count in words.items():
+            s = splits[w]
+            for pair in itertools.pairwise(s):
+                pairs[pair] += count
+        if not pairs:
+            break
+        best = min(pairs, key=lambda p: (-pairs[p], p))
+        joined = best[0] + best[1]
+        for w, s in splits.items():
+            i, out = 0, []
+            while i < len(s):
+                if i + 1 < len(s) and (s[i], s[i + 1]) == best:
+                    out.append(joined)
+                    i += 2
+                else:
+                    out.append(s[i])
+                    i += 1
+            splits[w] = out
+        merges.append(best)
+        if joined not in pieces:
+            pieces.append(joined)
+    return pieces, merges
+
+
+def _byte_to_unicode() -> list[str]:
+    """GPT-2's byte-level alphabet: printable bytes stand for themselves, the rest map above U+0100."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return [table[b] for b in range(256)]
+
+
+def rewrite_gguf(
+    src: str | Path,
+    dst: str | Path,
+    *,
+    arch: str | None = None,
+    set_keys: Mapping[str, Any] | None = None,
+    drop: Iterable[str] = (),
+    retype: Mapping[str, type] | None = None,
+) -> Path:
+    """Copy ``src`` to ``dst``: ``arch`` replaces general.architecture, ``set_keys`` adds or replaces
+    metadata (bool, int -> u32, float -> f32, str, or a list of one of those), ``drop`` removes keys
+    and tensors by name, and ``retype`` stores the named tensors as another numpy dtype (e.g.
+    ``np.float64`` gives an F64 tensor)."""
+    reader = GGUFReader(str(src))
+    drop, set_keys, retype = set(drop), dict(set_keys or {}), dict(retype or {})
+    w = GGUFWriter(str(dst), arch or reader.fields["general.architecture"].contents())
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture" or name in drop or name in set_keys:
+            continue
+        sub = field.types[-1] if field.types[0] == GGUFValueType.ARRAY else None
+        w.add_key_value(name, field.contents(), field.types[0], sub_type=sub)
+    for name, value in set_keys.items():
+        w.add_key_value(name, value, *_value_type(value))
+    for t in reader.tensors:
+        if t.name in drop:
+            continue
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+        if t.name in retype:
+            data = quants.dequantize(t.data, t.tensor_type).reshape(shape).astype(retype[t.name])
+            w.add_tensor(t.name, data)
+        elif t.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+            w.add_tensor(t.name, np.array(t.data).reshape(shape))
+        else:
+            w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(dst)
+
+
+def _value_type(value: Any) -> tuple[GGUFValueType, GGUFValueType | None]:
+    def scalar(v: Any) -> GGUFValueType:
+        if isinstance(v, bool):
+            return GGUFValueType.BOOL
+        if isinstance(v, int):
+            return GGUFValueType.UINT32
+        if isinstance(v, float):
+            return GGUFValueType.FLOAT32
+        return GGUFValueType.STRING
+
+    if isinstance(value, list):
+        return GGUFValueType.ARRAY, scalar(value[0])
+    return scalar(value), None
