@@ -106,23 +106,6 @@ def test_tiny_matches_llama_cpp(tiny_tokenizers: dict[str, Tokenizer], tmp_path:
         assert tiny_tokenizers[family].encode(text).ids == expected, text
 
 
-@pytest.fixture
-def real_gguf() -> Callable[[str], Path]:
-    """A real model by zoo name: through the zoo when it is there, else the cached file."""
-
-    def locate(name: str) -> Path:
-        try:
-            from goinfer.compiler.sources.zoo import fetch
-        except ImportError:
-            path = Path.home() / ".cache" / "goinfer" / "models" / REAL_FILES[name]
-            if not path.exists():
-                pytest.skip(f"{path} is not downloaded")
-            return path
-        return fetch(name, progress=None)
-
-    return locate
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(REAL_FILES))
 def test_real_model_matches_llama_cpp(real_gguf: Callable[[str], Path], name: str) -> None:

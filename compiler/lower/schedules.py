@@ -14,7 +14,6 @@ from tvm.s_tir import dlight
 from tvm.target import Target
 
 ROW_TILE = 16  # output rows per parallel task
-K_UNROLL = 8  # one int4 word holds 8 nibbles: unroll by it so each word is loaded once
 
 
 def _blocks(sch: s_tir.Schedule) -> list:
@@ -59,6 +58,12 @@ def _try_reverse_compute_at(sch: s_tir.Schedule, block, loop) -> bool:
 
 
 class QuantMatmul(dlight.ScheduleRule):
+    """Our matmuls (block "qmatmul", reduction split as (word, lane) by quant/lanes.py).
+
+    One accumulator per lane (rfactor), kept in registers; a task of ROW_TILE output rows per
+    core; K streamed in storage order. The lane loop is unrolled so LLVM vectorizes it.
+    """
+
     def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool):
         if not isinstance(func, tirx.PrimFunc):
             return None
@@ -67,15 +72,21 @@ class QuantMatmul(dlight.ScheduleRule):
             mm = sch.get_sblock("qmatmul")
         except Exception:
             return None
-        i, n, k = sch.get_loops(mm)
+        _i, _n, _ko, ki = sch.get_loops(mm)
+        rf = sch.rfactor(ki, 2)
+        i, n, lane_sum = sch.get_loops(mm)
         no, ni = sch.split(n, [None, ROW_TILE])
-        ko, ki = sch.split(k, [None, K_UNROLL])
-        sch.reorder(no, i, ni, ko, ki)
+        sch.reorder(no, i, ni, lane_sum)
         sch.parallel(no)
-        sch.unroll(ki)
+        sch.compute_at(rf, ni)
+        sch.set_scope(rf, 0, "local")
+        *_, lane, word = sch.get_loops(rf)
+        sch.reorder(word, lane)
+        sch.decompose_reduction(rf, word)
+        sch.unroll(lane)
         for block in _blocks(sch):
             name = sch.get(block).name_hint
-            if name == "qmatmul":
+            if name in ("qmatmul", "qmatmul_rf") or name.startswith("qmatmul_rf"):
                 continue
             if name == "qmatmul_scale" and _try_reverse_compute_at(sch, block, ni):
                 continue

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 from tvm import te
 
+from .lanes import LANES, lane_matmul
+
 NAME = "f32"
 
 
@@ -21,11 +23,11 @@ def dequant(weight: te.Tensor, n, k):
 
 
 def linear(x: te.Tensor, weight: te.Tensor) -> te.Tensor:
-    m, kdim = x.shape
-    r = te.reduce_axis((0, kdim), name="k")
-    return te.compute(
-        (m, weight.shape[0]), lambda i, n: te.sum(x[i, r] * dequant(weight, n, r), axis=r), name="qmatmul"
-    )
+    def product(i, n, ko, ki):
+        k = ko * LANES + ki
+        return x[i, k] * dequant(weight, n, k)
+
+    return lane_matmul(x, weight.shape[0], product)
 
 
 def take(ids: te.Tensor, weight: te.Tensor) -> te.Tensor:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 from tvm import te
 
+from .lanes import LANES, lane_matmul
+
 NAME = "int8"
 
 
@@ -25,14 +27,12 @@ def dequant(weight: te.Tensor, scale: te.Tensor, n, k):
 
 
 def linear(x: te.Tensor, weight: te.Tensor, scale: te.Tensor) -> te.Tensor:
-    m, kdim = x.shape
-    r = te.reduce_axis((0, kdim), name="k")
     # The row scale is constant along K, so it is applied once after the dot product.
-    acc = te.compute(
-        (m, weight.shape[0]),
-        lambda i, n: te.sum(x[i, r] * weight[n, r].astype("float32"), axis=r),
-        name="qmatmul",
-    )
+    def product(i, n, ko, ki):
+        k = ko * LANES + ki
+        return x[i, k] * weight[n, k].astype("float32")
+
+    acc = lane_matmul(x, weight.shape[0], product)
     return te.compute(acc.shape, lambda i, n: acc[i, n] * scale[n], name="qmatmul_scale")
 
 

@@ -10,6 +10,7 @@ import numpy as np
 from tvm import te, tirx
 
 from . import int8
+from .lanes import LANES, lane_matmul
 
 NAME = "int8int8"
 param_specs = int8.param_specs
@@ -32,12 +33,12 @@ def linear(x: te.Tensor, weight: te.Tensor, scale: te.Tensor) -> te.Tensor:
         lambda i, k: tirx.max(tirx.min(tirx.round(x[i, k] / xscale[i]), 127.0), -127.0).astype("int8"),
         name="act_quant",
     )
-    r = te.reduce_axis((0, kdim), name="k")
-    acc = te.compute(
-        (m, weight.shape[0]),
-        lambda i, n: te.sum(xq[i, r].astype("int32") * weight[n, r].astype("int32"), axis=r),
-        name="qmatmul",
-    )
+
+    def product(i, n, ko, ki):
+        k = ko * LANES + ki
+        return xq[i, k].astype("int32") * weight[n, k].astype("int32")
+
+    acc = lane_matmul(x, weight.shape[0], product)
     return te.compute(
         acc.shape, lambda i, n: acc[i, n].astype("float32") * (xscale[i] * scale[n]), name="qmatmul_scale"
     )

@@ -1,0 +1,80 @@
+"""Shared fixtures: tiny checkpoints written per session, bundles built once and cached.
+
+Compiled modules are cached under the goinfer cache (keyed by the compiler's own source), so a
+second run of the suite on the same machine skips TVM compilation entirely.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Tests use the compiler and the runtime in one process: load the full TVM library, not the
+# runtime-only one the runtime would otherwise ask for.
+os.environ["TVM_USE_RUNTIME_LIB"] = "0"
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from tiny_gguf import write_tiny_gguf
+
+
+def _null(_msg: str) -> None:
+    pass
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    made: dict[tuple[str, str], Path] = {}
+
+    def make(family: str, tensor_type: str = "F32") -> Path:
+        key = (family, tensor_type)
+        if key not in made:
+            path = tmp_path_factory.mktemp("gguf") / f"tiny-{family}-{tensor_type}.gguf"
+            made[key] = write_tiny_gguf(path, family, seed=0, tensor_type=tensor_type)
+        return made[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_bundle(
+    tiny_gguf: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory
+) -> Callable[..., Path]:
+    from goinfer.compiler.build import BuildOptions, build
+
+    made: dict[tuple[str, str, str], Path] = {}
+
+    def make(family: str, quant: str = "f32", tensor_type: str = "F32") -> Path:
+        key = (family, quant, tensor_type)
+        if key not in made:
+            out = tmp_path_factory.mktemp("giw") / f"tiny-{family}-{quant}-{tensor_type}.giw"
+            build(tiny_gguf(family, tensor_type), out, BuildOptions(quant=quant, num_cores=2), progress=_null)
+            made[key] = out
+        return made[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def real_gguf() -> Callable[[str], Path]:
+    from goinfer.compiler.sources import zoo
+
+    return lambda name: zoo.fetch(name)
+
+
+@pytest.fixture(scope="session")
+def real_bundle(real_gguf: Callable[[str], Path]) -> Callable[..., Path]:
+    """A real model's bundle, built into the goinfer cache on first use and reused afterwards."""
+    from goinfer.compiler.build import BuildOptions, build
+    from goinfer.compiler.sources import zoo
+
+    def make(name: str, quant: str = "int4") -> Path:
+        source = real_gguf(name)
+        out = zoo.bundle_path(source, quant, "llvm")
+        if not out.is_file():
+            out.parent.mkdir(parents=True, exist_ok=True)
+            build(source, out, BuildOptions(quant=quant, num_cores=2), progress=print)
+        return out
+
+    return make
