@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 
 EXIT_BAD_INPUT = 2
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 
 def _fail(message: str) -> None:
@@ -29,7 +30,27 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     return (BundleError, BuildError, SourceError, FileNotFoundError, IsADirectoryError, PermissionError)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _OneLineErrors(click.Group):
+    """Usage errors as one line (click prints usage and help hints over several)."""
+
+    def main(self, *args, **kwargs):  # type: ignore[override]
+        kwargs["standalone_mode"] = False
+        try:
+            rv = super().main(*args, **kwargs)
+        except click.exceptions.Exit as e:
+            sys.exit(e.exit_code)
+        except click.Abort:
+            click.echo("goinfer: aborted", err=True)
+            sys.exit(1)
+        except _NO_ARGS_IS_HELP as e:  # bare `goinfer`: the help text, as is
+            click.echo(e.format_message(), err=True)
+            sys.exit(EXIT_BAD_INPUT)
+        except click.ClickException as e:
+            _fail(e.format_message().replace("\n", " "))
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+@click.group(cls=_OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="goinfer")
 def main() -> None:
     """goinfer: compile an LLM checkpoint into a .giw bundle, then run it."""
@@ -39,7 +60,7 @@ def main() -> None:
 @click.argument("source")
 @click.option("--target", default="llvm", show_default=True, help="llvm (CPU); cuda and metal later.")
 @click.option("--quant", default="int4", show_default=True, help="int4 | int8int8 | int8 | int4mix | f32")
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="the .giw file to write")
+@click.option("-o", "--output", required=True, help="the .giw file to write")
 def build(source: str, target: str, quant: str, output: str) -> None:
     """Compile SOURCE (a .gguf file or a zoo model name) into a .giw bundle."""
     from goinfer.compiler.build import BuildOptions

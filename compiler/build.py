@@ -64,15 +64,15 @@ def build(
     _check_writable(output)
 
     # 1. Load: spec, tokenizer, template and lazily-dequantized tensors from the checkpoint.
-    progress(f"[1/5] reading {source}")
+    # (Nothing is printed before the input is known good, so bad input gets exactly one line.)
     ckpt = load_checkpoint(source)
     spec = ckpt.spec
     family = FAMILIES.get(spec.family)
     if family is None:
         raise BuildError(f"unsupported architecture {spec.family!r}; supported: {', '.join(FAMILIES)}")
     progress(
-        f"      {spec.family}: {spec.num_layers} layers, hidden {spec.hidden_size}, vocab {spec.vocab_size}, "
-        f"{len(ckpt.tensors)} tensors"
+        f"[1/5] read {source}: {spec.family}, {spec.num_layers} layers, hidden {spec.hidden_size}, "
+        f"vocab {spec.vocab_size}, {len(ckpt.tensors)} tensors"
     )
 
     # 2. Model: the family's module, each weight with the scheme the quant mode picks for it.

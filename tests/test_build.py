@@ -1,0 +1,56 @@
+"""Builds are reproducible, reuse compiled modules, and bundles map their weights zero-copy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from goinfer.compiler.build import BuildOptions, build
+
+
+def _quiet(_msg: str) -> None:
+    pass
+
+
+def test_rebuild_is_byte_identical_and_reuses_the_module(tiny_gguf, tmp_path: Path) -> None:
+    src = tiny_gguf("qwen2")
+    a = build(src, tmp_path / "a.giw", BuildOptions(quant="int4", num_cores=2), progress=_quiet)
+    b = build(src, tmp_path / "b.giw", BuildOptions(quant="int4", num_cores=2), progress=_quiet)
+    assert b.compiled_from_cache
+    assert (tmp_path / "a.giw").read_bytes() == (tmp_path / "b.giw").read_bytes()
+    assert a.sha256 == b.sha256
+
+
+def test_manifest_records_source_and_flags(tiny_bundle, tiny_gguf) -> None:
+    from goinfer.artifacts import giw
+    from goinfer.compiler.sources.gguf_file import file_sha256
+
+    with giw.open_bundle(tiny_bundle("llama", "int8int8"), verify="full") as b:
+        m = b.manifest
+        assert m["source"] == {"ref": tiny_gguf("llama").name, "sha256": file_sha256(tiny_gguf("llama"))}
+        assert m["build"]["quant"] == "int8int8" and m["build"]["target_config"]["kind"] == "llvm"
+        assert "-amx-tile" in m["build"]["target_config"]["mattr"]
+        assert m["tvm_version"] and m["goinfer_version"]
+        assert set(m["params"]) == set(b.tensor_names())
+
+
+def test_int4mix_keeps_the_source_precision_mix(tiny_bundle) -> None:
+    from goinfer.artifacts import giw
+
+    # Q4_0 stores 4.5 bits/weight, so its matrices stay int4 (a >= 5-bit tensor would become int8).
+    with giw.open_bundle(tiny_bundle("llama", "int4mix", "Q4_0"), verify="none") as b:
+        schemes = set(b.manifest["weight_schemes"].values())
+    assert "int4" in schemes
+
+
+def test_weights_are_mapped_zero_copy(tiny_bundle) -> None:
+    from goinfer.runtime import tvm_runtime as rt
+    from goinfer.runtime.model import Model
+
+    m = Model.load(tiny_bundle("gemma3", "int4"))
+    base = (
+        int(m.bundle.tensor(m.manifest["params"][0]).ctypes.data)
+        - m.bundle.tensor_info(m.manifest["params"][0]).file_offset
+    )
+    for name, t in zip(m.manifest["params"], m.params, strict=True):
+        info = m.bundle.tensor_info(name)
+        assert rt.data_pointer(t) == base + info.file_offset, name

@@ -1,0 +1,111 @@
+"""The `goinfer` command as a user meets it: output on stdout only, one-line errors, exit code 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from goinfer.cli.main import main
+from tiny_gguf import rewrite_gguf
+
+
+def _run(*args: str):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def _assert_one_line_error(result, *needles: str) -> None:
+    assert result.exit_code == 2, (result.exit_code, result.output, result.exception)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("goinfer: error: ")
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+@pytest.fixture
+def bad_inputs(tiny_gguf, tmp_path: Path) -> dict[str, Path]:
+    good = tiny_gguf("llama")
+    data = good.read_bytes()
+    (tmp_path / "zip.gguf").write_bytes(b"PK\x03\x04 not a model")
+    (tmp_path / "cut.gguf").write_bytes(data[: len(data) - 500])
+    return {
+        "not_gguf": tmp_path / "zip.gguf",
+        "truncated": tmp_path / "cut.gguf",
+        "arch": rewrite_gguf(good, tmp_path / "phi.gguf", arch="phi3"),
+        "type": rewrite_gguf(good, tmp_path / "f64.gguf", retype={"blk.1.ffn_up.weight": np.float64}),
+    }
+
+
+@pytest.mark.parametrize(
+    ("case", "needles"),
+    [
+        ("not_gguf", ["not a GGUF file"]),
+        ("truncated", ["truncated"]),
+        ("arch", ["phi3", "llama, qwen2, gemma3"]),
+        ("type", ["unsupported type F64"]),
+    ],
+)
+def test_build_refuses_bad_checkpoints(case, needles, bad_inputs, tmp_path: Path) -> None:
+    out = tmp_path / "out.giw"
+    _assert_one_line_error(_run("build", bad_inputs[case], "-o", out), *needles)
+    assert not out.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "a temp file was left behind"
+
+
+def test_build_refuses_unknown_target_quant_and_unwritable_output(tiny_gguf, tmp_path: Path) -> None:
+    src = tiny_gguf("llama")
+    out = tmp_path / "a.giw"
+    _assert_one_line_error(_run("build", src, "--target", "tpu", "-o", out), "unknown target 'tpu'")
+    _assert_one_line_error(_run("build", src, "--quant", "int3", "-o", out), "unknown quant 'int3'")
+    _assert_one_line_error(_run("build", src, "-o", tmp_path / "no" / "such" / "a.giw"), "cannot write")
+    _assert_one_line_error(_run("build", src, "-o", tmp_path), "cannot write")
+    _assert_one_line_error(_run("build", tmp_path / "missing.gguf", "-o", tmp_path / "a.giw"), "missing.gguf")
+    assert not list(tmp_path.glob("*.giw"))
+
+
+def test_generate_prints_only_the_text(tiny_bundle) -> None:
+    from goinfer.runtime.model import Model
+    from goinfer.runtime.sampler import SamplingParams
+
+    bundle = tiny_bundle("qwen2", "f32")
+    m = Model.load(bundle)
+    events = list(m.generate(m.encode("Hello world"), SamplingParams(temperature=0, max_tokens=12)))
+    expected = "".join(e.text for e in events) + "\n"
+    result = _run("generate", bundle, "Hello world", "--max-tokens", "12", "--temperature", "0")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == expected
+    assert result.stderr == ""
+    verbose = _run("generate", bundle, "Hello world", "--max-tokens", "12", "--temperature", "0", "-v")
+    assert verbose.stdout == expected and "tok/s" in verbose.stderr
+
+
+@pytest.mark.parametrize("family", ["qwen2", "gemma3"])
+def test_generate_chat_is_seeded(family, tiny_bundle) -> None:
+    bundle = tiny_bundle(family, "f32")
+    args = ("generate", bundle, "Name a prime.", "--chat", "--temperature", "0.9", "--seed", "1")
+    args += ("--max-tokens", "8")
+    a, b = _run(*args), _run(*args)
+    assert a.exit_code == 0, a.stderr
+    assert a.stdout == b.stdout
+
+
+def test_inspect_human_and_json(tiny_bundle) -> None:
+    bundle = tiny_bundle("gemma3", "int4")
+    human = _run("inspect", bundle)
+    assert human.exit_code == 0 and "gemma3" in human.stdout and "int4" in human.stdout
+    manifest = json.loads(_run("inspect", bundle, "--json").stdout)
+    assert manifest["family"] == "gemma3" and manifest["quant"] == "int4"
+    assert manifest["chat_template_origin"].startswith("family default")
+    assert manifest["source"]["sha256"] and manifest["build"]["target"] == "llvm"
+
+
+def test_corrupt_bundle_is_refused(tiny_bundle, tmp_path: Path) -> None:
+    data = bytearray(Path(tiny_bundle("llama", "int8")).read_bytes())
+    (tmp_path / "cut.giw").write_bytes(data[: len(data) // 2])
+    _assert_one_line_error(_run("generate", tmp_path / "cut.giw", "hi"), "truncated")
+    (tmp_path / "magic.giw").write_bytes(b"XXXX" + data[4:])
+    _assert_one_line_error(_run("inspect", tmp_path / "magic.giw"), "magic")
+    _assert_one_line_error(_run("generate", tmp_path / "nope.giw", "hi"), "nope.giw")
