@@ -5,6 +5,7 @@ Each scheme module exposes
   param_specs(out_features, in_features) -> {param: (shape, dtype)}
   pack(weight (out, in) float32) -> {param: ndarray}       offline, at build time
   linear(x, **params) -> te.Tensor                          y = x @ W^T, dequantizing in the loop
+    or kernel(out, in) -> PrimFunc                          the same, as a hand-scheduled TIR kernel
   take(ids, **params) -> te.Tensor                          embedding rows, dequantized
 so a model never sees how a weight is stored.
 """
