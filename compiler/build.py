@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import sys
 import time
 from collections.abc import Callable
@@ -191,7 +189,3 @@ def _manifest(
         "source": {"ref": Path(ckpt.source).name, "sha256": ckpt.sha256},
         "build": {"target": options.target, "target_config": target, "quant": options.quant},
     }
-
-
-def cache_key(*parts: Any) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()

@@ -51,8 +51,7 @@ class Model:
         self.max_prefill_chunk = int(kvc["max_prefill_chunk"]) or self.context_length
         self.load_seconds = load_seconds
         self._kv = None
-        self._kv_len = 0  # tokens of sequence 0 held in the cache (prefix reuse)
-        self._kv_ids: list[int] = []
+        self._kv_len = 0  # tokens of sequence 0 held in the cache
 
     # -- loading -------------------------------------------------------------------------
     @classmethod
@@ -105,7 +104,7 @@ class Model:
         if self._kv is not None:
             rt.remove_sequence(self._kv, 0)
             rt.add_sequence(self._kv, 0)
-        self._kv_len, self._kv_ids = 0, []
+        self._kv_len = 0
 
     def _forward(self, ids: list[int], fn: str) -> np.ndarray:
         emb = self.vm["embed"](rt.int32_tensor(ids), self.params)
@@ -114,7 +113,6 @@ class Model:
         logits, self._kv = self.vm[fn](emb, self._kv, self.params)
         rt.end_forward(self._kv)
         self._kv_len += len(ids)
-        self._kv_ids.extend(ids)
         return rt.to_numpy(logits)[0]
 
     def prefill(self, ids: list[int], all_logits: bool = False) -> np.ndarray:
