@@ -103,6 +103,7 @@ def _resolve_bundle(ref: str, quant: str, target: str) -> Path:
 @click.option("--system", default=None, help="a system message (with --chat)")
 @click.option("--quant", default="int4", show_default=True, help="used only when MODEL must be built")
 @click.option("--verbose", "-v", is_flag=True, help="timings on stderr")
+@click.option("--no-selftest", is_flag=True, help="skip the startup kernel self-test")
 def generate(
     model: str,
     prompt: str,
@@ -115,6 +116,7 @@ def generate(
     system: str | None,
     quant: str,
     verbose: bool,
+    no_selftest: bool,
 ) -> None:
     """Generate a continuation of PROMPT with MODEL (a .giw, a .gguf or a zoo name)."""
     try:
@@ -122,7 +124,7 @@ def generate(
         from goinfer.runtime.model import Model
         from goinfer.runtime.sampler import SamplingParams
 
-        m = Model.load(bundle)
+        m = Model.load(bundle, self_test=False if no_selftest else None)
         if chat:
             messages = ([{"role": "system", "content": system}] if system else []) + [
                 {"role": "user", "content": prompt}
@@ -172,6 +174,80 @@ def inspect(bundle: str, as_json: bool, verify: bool) -> None:
                 click.echo(giw.describe(b))
     except _user_errors() as e:
         _fail(str(e))
+
+
+@main.command()
+@click.option("--hardware", is_flag=True, help="print the block a hardware bug report needs")
+@click.argument("bundle", required=False, type=click.Path(dir_okay=False))
+def check(hardware: bool, bundle: str | None) -> None:
+    """Self-test the CPU kernels (a BUNDLE's own, or freshly compiled ones) and report the machine."""
+    if not hardware:
+        _fail("nothing to check: pass --hardware")
+    from goinfer.runtime import hardware as hw
+
+    try:
+        tiers = _self_test_bundle(bundle) if bundle else _self_test_fresh()
+    except _user_errors() as e:
+        _fail(str(e))
+    except ValueError as e:  # SelfTestError: every tier failed; the report still prints
+        click.echo(str(e), err=True)
+        tiers = []
+    click.echo(hw.render(hw.facts(), tiers))
+
+
+def _self_test_bundle(path: str) -> list[tuple[str, str]]:
+    from goinfer.artifacts import giw
+    from goinfer.runtime import selftest
+
+    with giw.open_bundle(path, verify="once") as b:
+        chosen, result = selftest.choose_tier(b, giw.default_cache_dir() / "libs")
+        names = [t["tier"] for t in b.manifest.get("cpu_tiers", [])]
+    return [(t, _tier_state(t, chosen.get("tier"), result.stepped_down)) for t in names]
+
+
+def _self_test_fresh() -> list[tuple[str, str]]:
+    """No bundle: compile the self-test kernels for each tier this host has, and run them."""
+    import tempfile
+    import time
+
+    from goinfer.compiler import selftest as build_side
+    from goinfer.compiler.lower import tvm_api
+    from goinfer.runtime import selftest
+
+    fixtures = build_side.fixtures()
+    cases = [(name, inputs, want) for name, (_f, inputs, want) in fixtures.items()]
+    states, stepped, chosen, mismatches = [], [], None, []
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        for tier, target in tvm_api.cpu_tiers():
+            lib = Path(tmp) / f"{tier}.so"
+            lib.write_bytes(build_side.compile_for(fixtures, target))
+            bad = selftest.check_library(str(lib), tier, cases, build_side.TOLERANCE)
+            mismatches += bad
+            if bad:
+                stepped.append(tier)
+            elif chosen is None:
+                chosen = tier
+            states.append(tier)
+    status = "declined" if chosen is None else "repaired" if stepped and stepped[0] == states[0] else "pass"
+    selftest.RESULTS.append(
+        selftest.SelfTestResult(
+            "cpu",
+            status,
+            chosen,
+            (time.perf_counter() - t0) * 1e3,
+            mismatches,
+            stepped,
+            reason="kernels compiled just now (no bundle given)",
+        )
+    )
+    return [(t, _tier_state(t, chosen, stepped)) for t in states]
+
+
+def _tier_state(tier: str, chosen: str | None, stepped: list[str]) -> str:
+    if tier == chosen:
+        return "in use"
+    return "failed self-test" if tier in stepped else "available"
 
 
 if __name__ == "__main__":

@@ -49,6 +49,7 @@ def build(
     options: BuildOptions = BuildOptions(),
     progress: Progress = _stderr,
 ) -> BuildResult:
+    from . import selftest
     from .lower import compile_cache  # TVM is imported here, not at `import goinfer.compiler`
     from .models import FAMILIES
     from .quant import QUANT_MODES, scheme_for
@@ -78,15 +79,28 @@ def build(
         return scheme_for(options.quant, t.bits)
 
     progress(f"[2/5] building the {spec.family} graph ({options.quant})")
-    target = compile_cache.target_for(options.target, options.num_cores)
+    target = compile_cache.tiers_for(options.target, options.num_cores)[0][1]
     model = compile_cache.build_model(spec, family.LAYER, pick, ckpt.tensors, target)
 
     # 3. Quantize: pack every weight (pure numpy), checking each against the model's parameters.
     tensors, schemes = _pack_weights(model, ckpt, progress)
 
-    # 4. Lower and compile for the target, or reuse the module compiled for the same graph.
-    progress(f"[4/5] compiling for {options.target} ({target['mcpu']}, {target['num-cores']} cores)")
-    compiled = compile_cache.compile_model(model, spec, schemes, target, progress)
+    # 4. Lower and compile for each CPU tier (the host's best ISA, then AVX2 to step down to),
+    #    or reuse the modules compiled for the same graph; plus each tier's self-test kernels.
+    tiers = compile_cache.tiers_for(options.target, options.num_cores)
+    fixtures = selftest.fixtures()
+    compiled_tiers = []
+    for i, (tier, tier_target) in enumerate(tiers):
+        progress(
+            f"[4/5] compiling for {options.target} tier {tier} "
+            f"({tier_target['mcpu']}, {tier_target['num-cores']} cores)"
+        )
+        compiled = compile_cache.compile_model(model, spec, schemes, tier_target, progress)
+        key = options.target if i == 0 else f"{options.target}@{tier}"
+        compiled_tiers.append((tier, key, compiled, selftest.compile_for(fixtures, tier_target)))
+    compiled = compiled_tiers[0][2]
+    if any(c.param_names != compiled.param_names for _t, _k, c, _s in compiled_tiers):
+        raise BuildError("internal: CPU tiers disagree on the parameter order")
 
     # 5. Pack: manifest + aligned, hashed blobs, written atomically.
     progress(f"[5/5] writing {output}")
@@ -94,12 +108,21 @@ def build(
     missing = [n for n in param_order if n not in tensors]
     if missing:
         raise BuildError(f"internal: no packed weight for parameters {missing[:3]}")
+    st_tensors, st_manifest = selftest.tensors_and_manifest(fixtures)
     manifest = _manifest(ckpt, options, schemes, param_order, compiled.target)
+    manifest["cpu_tiers"] = [
+        {"tier": tier, "module": key, "selftest": f"selftest@{tier}", "target": c.target}
+        for tier, key, c, _st in compiled_tiers
+    ]
+    manifest["selftest"] = st_manifest
+    modules = []
+    for tier, key, c, st in compiled_tiers:
+        modules += [(key, c.target, c.library), (f"selftest@{tier}", c.target, st)]
     info = giw.write_bundle(
         output,
         manifest,
-        ((name, tensors[name]) for name in param_order),
-        [(options.target, compiled.target, compiled.library)],
+        [*((name, tensors[name]) for name in param_order), *st_tensors],
+        modules,
     )
     seconds = time.perf_counter() - t0
     progress(

@@ -17,6 +17,7 @@ import numpy as np
 from goinfer.artifacts import giw
 from tokenizers import Tokenizer
 
+from . import selftest
 from . import tvm_runtime as rt
 from .chat import render_chat
 from .detokenizer import Detokenizer
@@ -50,12 +51,22 @@ class Model:
         self.page_size = int(kvc["page_size"])
         self.max_prefill_chunk = int(kvc["max_prefill_chunk"]) or self.context_length
         self.load_seconds = load_seconds
+        self.tier: str | None = None  # the CPU ISA tier the self-test chose
+        self.self_test: selftest.SelfTestResult | None = None
         self._kv = None
         self._kv_len = 0  # tokens of sequence 0 held in the cache
 
     # -- loading -------------------------------------------------------------------------
     @classmethod
-    def load(cls, path: str | Path, verify: str = "once", cache_dir: Path | None = None) -> Model:
+    def load(
+        cls,
+        path: str | Path,
+        verify: str = "once",
+        cache_dir: Path | None = None,
+        self_test: bool | None = None,
+    ) -> Model:
+        """Map a bundle and pick its CPU tier by the startup self-test (`self_test=False` or
+        GOINFER_NO_SELFTEST=1 skips it and trusts the best tier)."""
         t0 = time.perf_counter()
         bundle = giw.open_bundle(path, verify=verify, private=True)
         modules = bundle.module_keys()
@@ -63,11 +74,15 @@ class Model:
             raise giw.BundleError(
                 f"bundle {path} has no CPU (llvm) module; it has: {', '.join(modules) or 'none'}"
             )
-        lib = bundle.extract_module("llvm", (cache_dir or giw.default_cache_dir()) / "libs")
-        vm = rt.load_vm(str(lib))
+        lib_dir = (cache_dir or giw.default_cache_dir()) / "libs"
+        enabled = not selftest.disabled_by_env() if self_test is None else self_test
+        tier, result = selftest.choose_tier(bundle, lib_dir, enabled)
+        vm = rt.load_vm(str(bundle.extract_module(tier["module"], lib_dir)))
         params = [rt.wrap(bundle.tensor(name)) for name in bundle.manifest["params"]]
         tokenizer = Tokenizer.from_str(bundle.manifest["tokenizer"])
-        return cls(bundle, vm, params, tokenizer, time.perf_counter() - t0)
+        model = cls(bundle, vm, params, tokenizer, time.perf_counter() - t0)
+        model.tier, model.self_test = tier.get("tier"), result
+        return model
 
     # -- tokens --------------------------------------------------------------------------
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:

@@ -78,3 +78,16 @@ def pop_tokens(kv, seq_id: int, n: int) -> None:
 
 def to_numpy(t) -> np.ndarray:
     return t.numpy()
+
+
+def load_kernels(library_path: str):
+    """A library of standalone kernels, each callable by name (the self-test fixtures)."""
+    return tvm.runtime.load_module(library_path)
+
+
+def run_kernel(lib, name: str, inputs: list[np.ndarray], out_like: np.ndarray) -> np.ndarray:
+    """Call one destination-passing kernel on copies of `inputs`; returns its output."""
+    args = [tvm.runtime.tensor(np.ascontiguousarray(a), CPU) for a in inputs]
+    out = tvm.runtime.tensor(np.zeros_like(out_like), CPU)
+    lib[name](*args, out)
+    return out.numpy()

@@ -34,10 +34,11 @@ def cache_dir() -> Path:
     return Path(os.environ.get("GOINFER_CACHE", Path.home() / ".cache" / "goinfer")) / "modules"
 
 
-def target_for(name: str, num_cores: int | None) -> dict[str, Any]:
+def tiers_for(name: str, num_cores: int | None) -> list[tuple[str, dict[str, Any]]]:
+    """(tier, target) to compile for, best first (see tvm_api.cpu_tiers)."""
     if name != "llvm":
         raise ValueError(f"target {name!r} is not built yet")
-    return tvm_api.host_target(num_cores)
+    return tvm_api.cpu_tiers(num_cores)
 
 
 def build_model(
@@ -66,7 +67,7 @@ def compile_model(
         return Compiled(lib.read_bytes(), json.loads(names.read_text()), target, True)
 
     t0 = time.perf_counter()
-    mod, params = tvm_api.export(model, model.export_spec())
+    mod, params = _exported(model)
     progress(
         f"      exported {len(mod.functions_items())} functions in {time.perf_counter() - t0:.1f}s; compiling"
     )
@@ -81,3 +82,10 @@ def compile_model(
         os.replace(tmp_lib, lib)
     progress(f"      compiled in {time.perf_counter() - t0:.1f}s")
     return Compiled(lib.read_bytes(), [n for n, _ in params], target, False)
+
+
+def _exported(model) -> tuple:
+    """The model's Relax module, exported once however many tiers compile it."""
+    if getattr(model, "_goinfer_exported", None) is None:
+        model._goinfer_exported = tvm_api.export(model, model.export_spec())
+    return model._goinfer_exported

@@ -138,3 +138,44 @@ def compile_module(mod: tvm.IRModule, target: Target, schedule_rules: list[dligh
 
 def export_library(executable, path: str) -> None:
     executable.export_library(path)
+
+
+# -- CPU ISA tiers --------------------------------------------------------------------------------
+# A bundle carries its model compiled for the host's best tier and for AVX2, so a runtime whose
+# self-test finds the best tier's kernels wrong can step down instead of returning wrong numbers.
+FALLBACK_TIERS = (("avx2", "haswell"),)
+
+
+def host_tier_name() -> str:
+    """The best x86 feature level the host's LLVM CPU has, as a short tier name."""
+    feats = codegen.llvm_get_cpu_features(make_target(host_target(1)))
+    if "avx512vnni" in feats:
+        return "avx512-vnni"
+    if "avx512f" in feats:
+        return "avx512"
+    return "avx2" if "avx2" in feats else "sse"
+
+
+def cpu_tiers(num_cores: int | None = None) -> list[tuple[str, dict[str, Any]]]:
+    """(tier name, target) from the best tier down; the first is the host's own ISA."""
+    host = host_target(num_cores)
+    tiers = [(host_tier_name(), host)]
+    for name, mcpu in FALLBACK_TIERS:
+        if name != tiers[0][0] and tiers[0][0] != "sse":
+            tiers.append((name, {**host, "mcpu": mcpu}))
+    return tiers
+
+
+def compile_kernels(funcs: dict[str, tirx.PrimFunc], target: dict[str, Any], path: str) -> None:
+    """Compile standalone TIR kernels (each callable by its name) into a shared library."""
+    tgt = make_target(target)
+    mod = tvm.IRModule({name: f.with_attr("global_symbol", name) for name, f in funcs.items()})
+    with tgt:
+        mod = dlight.ApplyDefaultSchedule(*_schedule_rules())(mod)
+    tvm.compile(mod, tgt).export_library(path)
+
+
+def _schedule_rules():
+    from .schedules import cpu_rules
+
+    return cpu_rules()

@@ -1,0 +1,90 @@
+"""Build-time half of the startup self-test: small fixed kernel fixtures, compiled per CPU tier.
+
+Each fixture is one of our dispatched kernels (the int4 GEMV and its token-tiled GEMM, int8,
+int8int8 with its run-time activation quantizer, f32) on a tiny fixed input, with the answer its
+portable numpy twin gives. The runtime (runtime/selftest.py) runs every tier's library on them
+before trusting that tier with a model: a wrong kernel on some CPU returns slightly wrong numbers
+rather than crashing, and this is how it gets caught.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tvm import te, tirx
+
+from .lower import tvm_api
+from .quant import f32, int4, int8, int8int8
+
+# 37 rows: not a multiple of int4's row task (exercises the clamped tail); 256 columns: full
+# 16-word vectors. 6 tokens: one 4-token tile plus a 2-token tail; 1 token: the decode path.
+OUT, IN = 37, 256
+TOLERANCE = 1e-5  # max |got - want| / max |want|; the kernels measure ~5e-7 on every tier here
+
+
+def _te_kernel(scheme, m: int) -> tirx.PrimFunc:
+    x = te.placeholder((m, IN), "float32", name="x")
+    params = [
+        te.placeholder(shape, dtype, name=n) for n, (shape, dtype) in scheme.param_specs(OUT, IN).items()
+    ]
+    y = scheme.linear(x, *params)
+    return te.create_prim_func([x, *params, y])
+
+
+def fixtures(seed: int = 0) -> dict[str, tuple[tirx.PrimFunc, list[np.ndarray], np.ndarray]]:
+    """name -> (kernel, inputs, expected output)."""
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((OUT, IN)).astype(np.float32)
+    x6 = rng.standard_normal((6, IN)).astype(np.float32)
+    out: dict[str, tuple[tirx.PrimFunc, list[np.ndarray], np.ndarray]] = {}
+
+    p4 = int4.pack(w)
+    w4 = int4.unpack(p4["weight"], p4["scale"]).astype(np.float64)
+    for m in (1, 6):
+        x = x6[:m]
+        out[f"int4_m{m}"] = (
+            int4.kernel(OUT, IN),
+            [x, p4["weight"], p4["scale"]],
+            (x @ w4.T).astype(np.float32),
+        )
+
+    p8 = int8.pack(w)
+    w8 = p8["weight"].astype(np.float64) * p8["scale"][:, None]
+    out["int8_m6"] = (_te_kernel(int8, 6), [x6, p8["weight"], p8["scale"]], (x6 @ w8.T).astype(np.float32))
+
+    xq, xs = int8int8.quantize_activations(x6)
+    dot = xq.astype(np.int64) @ p8["weight"].astype(np.int64).T
+    want = (dot * (xs.astype(np.float64)[:, None] * p8["scale"][None, :])).astype(np.float32)
+    out["int8int8_m6"] = (_te_kernel(int8int8, 6), [x6, p8["weight"], p8["scale"]], want)
+
+    out["f32_m6"] = (
+        _te_kernel(f32, 6),
+        [x6, f32.pack(w)["weight"]],
+        (x6 @ w.T.astype(np.float64)).astype(np.float32),
+    )
+    return out
+
+
+def tensors_and_manifest(
+    fx: dict[str, tuple[tirx.PrimFunc, list[np.ndarray], np.ndarray]],
+) -> tuple[list[tuple[str, np.ndarray]], dict[str, Any]]:
+    """Bundle tensors for the fixtures' inputs and answers, and the manifest entry naming them."""
+    tensors: list[tuple[str, np.ndarray]] = []
+    cases = []
+    for name, (_f, inputs, want) in fx.items():
+        names = [f"selftest.{name}.in{i}" for i in range(len(inputs))]
+        tensors += list(zip(names, inputs, strict=True))
+        tensors.append((f"selftest.{name}.want", want))
+        cases.append({"kernel": name, "inputs": names, "want": f"selftest.{name}.want"})
+    return tensors, {"tolerance": TOLERANCE, "cases": cases}
+
+
+def compile_for(fx: dict[str, tuple[tirx.PrimFunc, list[np.ndarray], np.ndarray]], target: dict) -> bytes:
+    """The fixtures' kernels compiled for one tier's target, as shared-library bytes."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "selftest.so"
+        tvm_api.compile_kernels({name: f for name, (f, _i, _w) in fx.items()}, target, str(path))
+        return path.read_bytes()
