@@ -1,0 +1,274 @@
+"""Our engine against llama.cpp on the same GGUF, in one run, alternating A/B/A/B.
+
+    python -m bench.run                       # all three zoo models, int4 and int8int8, 2 rounds
+    python -m bench.run --models smollm2-135m --quants int4 --rounds 1 --tg 32 --pp 128
+
+Builds any missing bundle (and llama.cpp, AMX off, see bench/llama_cpp.py) first. Each engine runs
+in its own process with the same thread count. Prints tok/s for decode (tg) and prefill (pp), our
+ratio to llama-bench, bytes read per decoded token, the fraction of the machine's measured read
+bandwidth that reaches, RSS after load against the bundle size, and cold start to first token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from . import llama_cpp
+
+MODELS = ("qwen2.5-coder-0.5b", "gemma-3-270m", "smollm2-135m")
+QUANTS = ("int4", "int8int8")
+
+
+@dataclass(frozen=True)
+class Row:
+    model: str
+    quant: str
+    ours_tg: float
+    peer_tg: float
+    ours_pp: float
+    peer_pp: float
+    ours_mb_per_token: float
+    peer_mb_per_token: float
+    bandwidth_gbs: float
+    rss_after_load_mb: float
+    bundle_mb: float
+    cold_first_token_s: float
+
+    @property
+    def tg_ratio(self) -> float:
+        return ratio(self.ours_tg, self.peer_tg)
+
+    @property
+    def pp_ratio(self) -> float:
+        return ratio(self.ours_pp, self.peer_pp)
+
+    @property
+    def ours_roofline(self) -> float:
+        return roofline_fraction(self.ours_mb_per_token, self.ours_tg, self.bandwidth_gbs)
+
+    @property
+    def peer_roofline(self) -> float:
+        return roofline_fraction(self.peer_mb_per_token, self.peer_tg, self.bandwidth_gbs)
+
+
+def ratio(ours: float, peer: float) -> float:
+    return ours / peer if peer > 0 else float("nan")
+
+
+def roofline_fraction(mb_per_token: float, tok_s: float, bandwidth_gbs: float) -> float:
+    """Share of the machine's read bandwidth a decode at `tok_s` uses, streaming every weight once."""
+    return mb_per_token * 1e6 * tok_s / (bandwidth_gbs * 1e9) if bandwidth_gbs > 0 else float("nan")
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def table(rows: list[Row]) -> str:
+    head = (
+        f"{'model':20} {'quant':8} {'tg ours':>8} {'tg l.cpp':>8} {'ratio':>6} {'pp ours':>8} "
+        f"{'pp l.cpp':>8} {'ratio':>6} {'MB/tok':>7} {'GB/s':>5} {'roof':>5} {'l.cpp':>5} "
+        f"{'RSS MB':>7} {'bundle':>7} {'cold s':>6}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(
+            f"{r.model:20} {r.quant:8} {r.ours_tg:8.1f} {r.peer_tg:8.1f} {r.tg_ratio:5.2f}x "
+            f"{r.ours_pp:8.1f} {r.peer_pp:8.1f} {r.pp_ratio:5.2f}x {r.ours_mb_per_token:7.0f} "
+            f"{r.ours_mb_per_token * r.ours_tg / 1e3:5.1f} {r.ours_roofline:5.0%} {r.peer_roofline:5.0%} "
+            f"{r.rss_after_load_mb:7.0f} {r.bundle_mb:7.0f} {r.cold_first_token_s:6.2f}"
+        )
+    return "\n".join(lines)
+
+
+def parse_list(value: str, known: tuple[str, ...], what: str) -> list[str]:
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    unknown = [v for v in items if v not in known]
+    if unknown or not items:
+        raise SystemExit(
+            f"bench: unknown {what} {', '.join(unknown) or '(none)'}; choose from {', '.join(known)}"
+        )
+    return items
+
+
+# -- measuring ---------------------------------------------------------------------------------------
+def _log(msg: str) -> None:
+    print(f"bench: {msg}", file=sys.stderr, flush=True)
+
+
+def _env(threads: int) -> dict[str, str]:
+    return {**os.environ, "TVM_NUM_THREADS": str(threads)}
+
+
+def _bandwidth(threads: int) -> float:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.bandwidth"],
+        env=_env(threads),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def _ours(bundle: Path, pp: int, tg: int, threads: int) -> dict[str, float]:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.engine", str(bundle), "--pp", str(pp), "--tg", str(tg)],
+        env=_env(threads),
+        capture_output=True,
+        text=True,
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"bench: our engine failed on {bundle.name}: {out.stderr.strip().splitlines()[-1:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _peer(binary: Path, gguf: Path, pp: int, tg: int, threads: int) -> dict[str, float]:
+    cmd = [
+        str(binary),
+        "-m",
+        str(gguf),
+        "-t",
+        str(threads),
+        "-p",
+        str(pp),
+        "-n",
+        str(tg),
+        "-r",
+        "1",
+        "-o",
+        "json",
+    ]
+    out = subprocess.run(cmd, env=llama_cpp.llama_env(binary), capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"bench: llama-bench failed: {out.stderr.strip().splitlines()[-1:]}")
+    res = {}
+    for r in json.loads(out.stdout):
+        res["tg_tok_s" if r["n_gen"] else "pp_tok_s"] = float(r["avg_ts"])
+    return res
+
+
+def _bundle_weight_mb(bundle: Path) -> float:
+    from goinfer.artifacts import giw
+
+    with giw.open_bundle(bundle, verify="none") as b:
+        return sum(b.tensor_info(n).nbytes for n in b.manifest["params"]) / 1e6
+
+
+def _gguf_weight_mb(gguf: Path) -> float:
+    import gguf as gguf_lib
+
+    return sum(int(t.n_bytes) for t in gguf_lib.GGUFReader(str(gguf)).tensors) / 1e6
+
+
+def _ensure_bundle(gguf: Path, quant: str) -> Path:
+    from goinfer.compiler.build import BuildOptions, build
+    from goinfer.compiler.sources import zoo
+
+    bundle = zoo.bundle_path(gguf, quant, "llvm")
+    if not bundle.is_file():
+        _log(f"building {bundle.name}")
+        build(gguf, bundle, BuildOptions(target="llvm", quant=quant))
+    return bundle
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--quants", default=",".join(QUANTS))
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--tg", type=int, default=128)
+    ap.add_argument("--pp", type=int, default=512)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", type=Path, default=None)
+    a = ap.parse_args(argv)
+    models, quants = (
+        parse_list(a.models, MODELS, "model"),
+        parse_list(a.quants, (*QUANTS, "int8", "f32"), "quant"),
+    )
+
+    from goinfer.compiler.sources import zoo
+
+    peer_bin = llama_cpp.build() / "llama-bench"
+    bandwidth = _bandwidth(a.threads)
+    _log(f"read bandwidth {bandwidth:.1f} GB/s with {a.threads} threads")
+    rows = []
+    for name in models:
+        gguf = zoo.resolve(name)
+        peer_mb = _gguf_weight_mb(gguf)
+        for quant in quants:
+            bundle = _ensure_bundle(gguf, quant)
+            ours, peer = [], []
+            for i in range(a.rounds):  # A/B/A/B: drift in the machine hits both sides alike
+                _log(f"{name} {quant} round {i + 1}/{a.rounds}: ours")
+                ours.append(_ours(bundle, a.pp, a.tg, a.threads))
+                _log(f"{name} {quant} round {i + 1}/{a.rounds}: llama.cpp")
+                peer.append(_peer(peer_bin, gguf, a.pp, a.tg, a.threads))
+            rows.append(
+                Row(
+                    name,
+                    quant,
+                    median([o["tg_tok_s"] for o in ours]),
+                    median([p["tg_tok_s"] for p in peer]),
+                    median([o["pp_tok_s"] for o in ours]),
+                    median([p["pp_tok_s"] for p in peer]),
+                    _bundle_weight_mb(bundle),
+                    peer_mb,
+                    bandwidth,
+                    median([o["rss_after_load_mb"] for o in ours]),
+                    bundle.stat().st_size / 2**20,
+                    median([o["cold_first_token_s"] for o in ours]),
+                )
+            )
+    print(
+        f"read bandwidth {bandwidth:.1f} GB/s ({a.threads} threads); tg{a.tg}, pp{a.pp}, median of {a.rounds}"
+    )
+    print(table(rows))
+    if a.json:
+        cpu = next(
+            (
+                ln.split(":", 1)[1].strip()
+                for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")
+            ),
+            platform.processor(),
+        )
+        a.json.write_text(
+            json.dumps(
+                {
+                    "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                    "cpu": cpu,
+                    "threads": a.threads,
+                    "tg": a.tg,
+                    "pp": a.pp,
+                    "rounds": a.rounds,
+                    "bandwidth_gbs": bandwidth,
+                    "rows": [
+                        {
+                            **asdict(r),
+                            "tg_ratio": r.tg_ratio,
+                            "pp_ratio": r.pp_ratio,
+                            "ours_roofline": r.ours_roofline,
+                            "peer_roofline": r.peer_roofline,
+                        }
+                        for r in rows
+                    ],
+                },
+                indent=2,
+            )
+            + "\n"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
