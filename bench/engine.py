@@ -1,7 +1,8 @@
 """Our side of the benchmark, in its own process: `python -m bench.engine BUNDLE --pp N --tg N`.
 
 Prints one JSON line: cold start to the first token, load time, RSS after load, prefill and
-decode tok/s (greedy, llama-bench's pp/tg shape: a pp-token prompt, then tg single-token steps).
+decode tok/s (greedy, llama-bench's shapes: pp is one pp-token prompt into an empty cache; tg is
+tg single-token steps starting from an empty cache, as llama-bench's tg test does).
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ def run(bundle: str, pp: int, tg: int) -> dict[str, float]:
     logits = model.prefill(ids)
     prefill_s = time.perf_counter() - t
 
-    tok = int(np.argmax(logits))
+    # tg starts over from a one-token context, like llama-bench (it does not decode after pp)
+    tok = int(np.argmax(model.prefill(ids[:1])))
+    del logits
     t = time.perf_counter()
     for _ in range(tg):
         tok = int(np.argmax(model.decode_step(tok)))

@@ -178,6 +178,11 @@ def _ensure_bundle(gguf: Path, quant: str) -> Path:
     if not bundle.is_file():
         _log(f"building {bundle.name}")
         build(gguf, bundle, BuildOptions(target="llvm", quant=quant))
+    from goinfer.artifacts import giw
+
+    # A bundle's first open hashes every blob (once per machine): not part of a cold start.
+    with giw.open_bundle(bundle, verify="once"):
+        pass
     return bundle
 
 

@@ -156,6 +156,110 @@ def generate(
         _fail(str(e))
 
 
+DEFAULT_SERVE_MODEL = "qwen2.5-coder-0.5b"  # the zoo's default (compiler.sources.zoo.DEFAULT_MODEL)
+
+
+@main.command()
+@click.option(
+    "--model",
+    "models",
+    multiple=True,
+    metavar="[NAME=]PATH",
+    help="a .giw, a .gguf or a zoo name, optionally named; repeat to serve several "
+    f"(default: {DEFAULT_SERVE_MODEL})",
+)
+@click.option("--addr", default="127.0.0.1:8080", show_default=True, help="HOST:PORT to listen on")
+@click.option(
+    "--api-key", envvar="GOINFER_API_KEY", default=None, help="require this key (or $GOINFER_API_KEY)"
+)
+@click.option("--tls-cert", default=None, type=click.Path(dir_okay=False), help="PEM certificate for HTTPS")
+@click.option("--tls-key", default=None, type=click.Path(dir_okay=False), help="PEM private key for HTTPS")
+@click.option(
+    "--max-queue", default=8, show_default=True, type=click.IntRange(min=0), help="waiting per model"
+)
+@click.option(
+    "--max-body-bytes", default=0, show_default=True, type=click.IntRange(min=0), help="0: derived per route"
+)
+@click.option("--allow-admin", is_flag=True, help="enable POST /admin/models/load and /unload")
+@click.option(
+    "--unload-drain-wait", default=5.0, show_default=True, type=click.FloatRange(min=0), help="seconds"
+)
+@click.option("--quant", default="int4", show_default=True, help="used only when a model must be built")
+@click.option("--no-selftest", is_flag=True, help="skip the startup kernel self-test")
+def serve(
+    models: tuple[str, ...],
+    addr: str,
+    api_key: str | None,
+    tls_cert: str | None,
+    tls_key: str | None,
+    max_queue: int,
+    max_body_bytes: int,
+    allow_admin: bool,
+    unload_drain_wait: float,
+    quant: str,
+    no_selftest: bool,
+) -> None:
+    """Serve models over an OpenAI-compatible HTTP API (base URL http://ADDR/v1)."""
+    from goinfer.serve import server
+    from goinfer.serve.app import create_app
+    from goinfer.serve.config import ServeConfig, parse_addr
+    from goinfer.serve.keys import CAPS
+
+    try:
+        host, port = parse_addr(addr)
+        config = ServeConfig(
+            host=host,
+            port=port,
+            api_key=api_key or None,
+            max_queue=max_queue,
+            max_body_bytes=max_body_bytes,
+            allow_admin=allow_admin,
+            unload_drain_wait_s=unload_drain_wait,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
+        )
+        server.check_exposure(config)  # before any model loads: a refusal costs nothing
+        context = server.ssl_context(config)
+        load = _engine_loader(quant, no_selftest)
+        engines = {}
+        for name, ref in _model_specs(models or (DEFAULT_SERVE_MODEL,)):
+            engines[name] = load(name, ref, None)
+    except ValueError as e:  # bad --addr/--model, exposure, TLS files, and the loader's reasons
+        _fail(str(e))
+    app = create_app(engines, config, loader=load if allow_admin else None)
+    for line in server.banner(config, app[CAPS], engines):
+        click.echo(line)
+    server.run(app, config, context)
+
+
+def _model_specs(specs: tuple[str, ...]) -> list[tuple[str, str]]:
+    """`NAME=PATH` or `PATH` -> (name, path); a bare PATH is named by its zoo name or file stem."""
+    out: dict[str, str] = {}
+    for spec in specs:
+        name, sep, ref = spec.partition("=")
+        if not sep or "/" in name or not name:
+            name, ref = (Path(spec).stem if Path(spec).suffix in (".giw", ".gguf") else spec), spec
+        if name in out:
+            raise ValueError(f"--model {spec}: the name {name!r} is given twice; name them NAME=PATH")
+        out[name] = ref
+    return list(out.items())
+
+
+def _engine_loader(default_quant: str, no_selftest: bool):
+    """(name, path, quant) -> a ModelEngine: a .giw as is, a .gguf or zoo name built once into the cache."""
+
+    def load(name: str, ref: str, quant: str | None):
+        from goinfer.serve.model_engine import ModelEngine
+
+        try:
+            bundle = _resolve_bundle(ref, quant or default_quant, "llvm")
+            return ModelEngine.load(bundle, self_test=False if no_selftest else None)
+        except _user_errors() as e:
+            raise ValueError(f"--model {name}={ref}: {e}") from None
+
+    return load
+
+
 @main.command()
 @click.argument("bundle", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="the manifest as JSON")

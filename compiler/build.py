@@ -20,7 +20,7 @@ from .sources.base import Checkpoint, SourceTensor
 Progress = Callable[[str], None]
 
 TARGETS = ("llvm",)  # cuda and metal lower through the same pipeline once their schedules exist
-PAGE_SIZE = 16
+PAGE_SIZE = 16  # the attention kernels are built for it (lower/attention.py)
 
 
 @dataclass(frozen=True)

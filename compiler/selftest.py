@@ -20,7 +20,8 @@ from .lower import tvm_api
 from .quant import f32, int4, int8, int8int8
 
 # 37 rows: not a multiple of int4's row task (exercises the clamped tail); 256 columns: full
-# 16-word vectors. 6 tokens: one 4-token tile plus a 2-token tail; 1 token: the decode path.
+# 16-word vectors. 6 tokens: one 4-token tile plus a 2-token tail; 1 token: the decode path;
+# 40 tokens: int4's prefill panel path (six 6-token tiles and a 4-token tail).
 OUT, IN = 37, 256
 TOLERANCE = 1e-5  # max |got - want| / max |want|; the kernels measure ~5e-7 on every tier here
 
@@ -38,13 +39,14 @@ def fixtures(seed: int = 0) -> dict[str, tuple[tirx.PrimFunc, list[np.ndarray], 
     """name -> (kernel, inputs, expected output)."""
     rng = np.random.default_rng(seed)
     w = rng.standard_normal((OUT, IN)).astype(np.float32)
-    x6 = rng.standard_normal((6, IN)).astype(np.float32)
+    x40 = rng.standard_normal((40, IN)).astype(np.float32)
+    x6 = x40[:6]
     out: dict[str, tuple[tirx.PrimFunc, list[np.ndarray], np.ndarray]] = {}
 
     p4 = int4.pack(w)
     w4 = int4.unpack(p4["weight"], p4["scale"]).astype(np.float64)
-    for m in (1, 6):
-        x = x6[:m]
+    for m in (1, 6, 40):
+        x = x40[:m]
         out[f"int4_m{m}"] = (
             int4.kernel(OUT, IN),
             [x, p4["weight"], p4["scale"]],

@@ -19,7 +19,7 @@ from typing import Any
 from ..fingerprint import code_fingerprint
 from ..sources.base import SourceTensor
 from ..spec import ModelSpec
-from . import schedules, tvm_api
+from . import attention, schedules, tvm_api
 
 
 @dataclass(frozen=True)
@@ -87,5 +87,10 @@ def compile_model(
 def _exported(model) -> tuple:
     """The model's Relax module, exported once however many tiers compile it."""
     if getattr(model, "_goinfer_exported", None) is None:
-        model._goinfer_exported = tvm_api.export(model, model.export_spec())
+        mod, params = tvm_api.export(model, model.export_spec())
+        spec = model.spec
+        mod = attention.use_ours(
+            mod, spec.num_kv_heads, spec.num_heads, spec.head_dim, tvm_api.kv_window(spec)
+        )
+        model._goinfer_exported = mod, params
     return model._goinfer_exported

@@ -60,6 +60,11 @@ def export(model: nn.Module, spec: nn.spec.ModuleSpec) -> tuple[tvm.IRModule, li
     return mod, params
 
 
+def kv_window(spec: ModelSpec) -> int:
+    """The window the cache's sliding-layer kernels are built for (unused without sliding layers)."""
+    return spec.sliding_window or 1024
+
+
 def paged_kv_cache(
     spec: ModelSpec,
     target: Target,
@@ -98,7 +103,7 @@ def paged_kv_cache(
         enable_disaggregation=False,
         dtype="float32",
         target=target,
-        layer_sliding_window_size=spec.sliding_window or 1024,
+        layer_sliding_window_size=kv_window(spec),
     )
 
 

@@ -147,18 +147,30 @@ def rope(
     qkv: (b, s, heads, d); positions: (b*s,) int32, each token's index in its sequence.
     """
 
-    def compute(x: te.Tensor, pos: te.Tensor) -> te.Tensor:
-        b, s, h, d = x.shape
-        half = d // 2
+    d = qkv.shape[-1]
+    half = d // 2
+
+    # cos and sin once per (token, frequency), not per (token, head, dim): the libm calls are
+    # scalar, and this is heads*2 times fewer of them (Qwen prefill: 9 ms -> a fraction per layer)
+    def angles(pos: te.Tensor, fn) -> te.Tensor:
+        def f(t, j):
+            freq = tirx.exp(j.astype("float32") * tirx.const(-2.0 * math.log(theta) / int(d), "float32"))
+            return fn(pos[t].astype("float32") / tirx.const(linear_factor, "float32") * freq)
+
+        return te.compute((pos.shape[0], half), f, name="rope_angle")
+
+    cos = op.tensor_expr_op(lambda pos: angles(pos, tirx.cos), "rope_cos", [positions])
+    sin = op.tensor_expr_op(lambda pos: angles(pos, tirx.sin), "rope_sin", [positions])
+
+    def compute(x: te.Tensor, cos: te.Tensor, sin: te.Tensor) -> te.Tensor:
+        b, s, h, _ = x.shape
 
         def f(bi, si, hi, di):
-            j = tirx.if_then_else(di < half, di, di - half)
-            freq = tirx.exp(j.astype("float32") * tirx.const(-2.0 * math.log(theta) / int(d), "float32"))
-            angle = pos[bi * s + si].astype("float32") / tirx.const(linear_factor, "float32") * freq
+            t, j = bi * s + si, tirx.if_then_else(di < half, di, di - half)
             partner = tirx.if_then_else(di < half, -x[bi, si, hi, di + half], x[bi, si, hi, di - half])
-            rotated = x[bi, si, hi, di] * tirx.cos(angle) + partner * tirx.sin(angle)
+            rotated = x[bi, si, hi, di] * cos[t, j] + partner * sin[t, j]
             return tirx.if_then_else(hi < rotated_heads, rotated, x[bi, si, hi, di])
 
         return te.compute((b, s, h, d), f, name="rope")
 
-    return op.tensor_expr_op(compute, "rope", [qkv, positions])
+    return op.tensor_expr_op(compute, "rope", [qkv, cos, sin])

@@ -72,6 +72,9 @@ def dequant(weight: te.Tensor, scale: te.Tensor, n, k):
 ROWS = 8  # output rows per parallel task (a task's rows stay in L1 while a token tile reuses them)
 TOKENS = 4  # prompt tokens sharing one dequantized weight vector (prefill); decode is the tail
 PREFETCH_BYTES = 2048  # software prefetch distance along a row: the hardware prefetcher lags
+PANEL_ROWS = 32  # prefill: output rows per dequantized panel (two 16-lane vectors)
+PANEL_TOKENS = 6  # prefill: tokens per register tile (6 x 2 accumulators, 12 of 32 zmm)
+PANEL_MIN_TOKENS = 32  # below this a panel's dequantization is not paid back: word-lane path
 
 
 def _vector_lanes(words: int) -> int:
@@ -90,8 +93,13 @@ def kernel(out_features: int, in_features: int) -> tirx.PrimFunc:
        shuffle, applied once per vector (indexing the scale per lane would scalarize into a gather).
     3. Accumulators are small buffers inside the parallel task, so LLVM keeps them in registers.
     4. Software prefetch PREFETCH_BYTES ahead along the row.
-    5. Prefill: TOKENS tokens share each dequantized vector (weights read once per tile, not per
-       token); decode (m = 1) runs the one-token tail.
+    5. Short inputs: TOKENS tokens share each dequantized vector (weights read once per tile, not
+       per token); decode (m = 1) runs the one-token tail.
+    6. Prefill (m >= PANEL_MIN_TOKENS): the weights' dequantization is worth paying once per
+       prompt, so each task dequantizes PANEL_ROWS rows into an f32 panel laid out [k][row] and runs
+       a register-tiled f32 GEMM over it: per k, two row-vectors of the panel times PANEL_TOKENS
+       broadcast x values into 12 accumulators (one FMA per weight-vector load; no dequant in the
+       inner loop). Qwen-0.5B's shapes at 512 tokens: 33-48 -> 114-139 GFLOP/s on 2 cores.
     Decode reads ~6-8 GB/s of int4 weights on this 2-core VM, whose read roofline is ~10 GB/s
     (the previous lane-rfactor schedule: ~2.9 GB/s).
     """
@@ -150,6 +158,8 @@ def kernel(out_features: int, in_features: int) -> tirx.PrimFunc:
                 if rb * ROWS + r < n_rows:
                     y[t0 + t, rb * ROWS + r] = hsum(acc, t)
 
+    panel_gemm = _panel_gemm(n_rows, in_features)
+
     @T.prim_func(private=True)  # private: relax names each instance
     def int4_gemm(
         x_h: T.handle,
@@ -161,26 +171,69 @@ def kernel(out_features: int, in_features: int) -> tirx.PrimFunc:
         m = T.int64()
         x = T.match_buffer(x_h, (m, in_features), "float32")
         y = T.match_buffer(y_h, (m, n_rows), "float32")
-        xr = T.alloc_buffer((m, PER_WORD, words), "float32")
-        xs = T.alloc_buffer((m, words), "float32")
-        for t in T.parallel(m):
-            for j in T.serial(words):
-                xs[t, j] = T.float32(0)
-                for i in T.unroll(PER_WORD):
-                    # 2**(-4i) built from its exponent bits: exact, and folds to a constant
-                    xr[t, i, j] = x[t, j * PER_WORD + i] * T.reinterpret(
-                        "float32", T.shift_left(T.Cast("uint32", 127 - 4 * i), T.uint32(23))
-                    )
-                    xs[t, j] = xs[t, j] - T.float32(8) * x[t, j * PER_WORD + i]
-        for rb in T.parallel(blocks):
-            acc = T.alloc_buffer((TOKENS, vl), "float32")
-            tmp = T.alloc_buffer((TOKENS, vl), "float32")
-            for tb in T.serial(m // TOKENS):
-                token_tile(x, w, s, y, xr, xs, acc, tmp, rb, tb * TOKENS, TOKENS)
-            for tt in T.serial(m % TOKENS):
-                token_tile(x, w, s, y, xr, xs, acc, tmp, rb, m // TOKENS * TOKENS + tt, 1)
+        if m >= PANEL_MIN_TOKENS:
+            panel_gemm(x, w, s, y, m)
+        else:
+            xr = T.alloc_buffer((m, PER_WORD, words), "float32")
+            xs = T.alloc_buffer((m, words), "float32")
+            for t in T.parallel(m):
+                for j in T.serial(words):
+                    xs[t, j] = T.float32(0)
+                    for i in T.unroll(PER_WORD):
+                        # 2**(-4i) built from its exponent bits: exact, and folds to a constant
+                        xr[t, i, j] = x[t, j * PER_WORD + i] * T.reinterpret(
+                            "float32", T.shift_left(T.Cast("uint32", 127 - 4 * i), T.uint32(23))
+                        )
+                        xs[t, j] = xs[t, j] - T.float32(8) * x[t, j * PER_WORD + i]
+            for rb in T.parallel(blocks):
+                acc = T.alloc_buffer((TOKENS, vl), "float32")
+                tmp = T.alloc_buffer((TOKENS, vl), "float32")
+                for tb in T.serial(m // TOKENS):
+                    token_tile(x, w, s, y, xr, xs, acc, tmp, rb, tb * TOKENS, TOKENS)
+                for tt in T.serial(m % TOKENS):
+                    token_tile(x, w, s, y, xr, xs, acc, tmp, rb, m // TOKENS * TOKENS + tt, 1)
 
     return int4_gemm
+
+
+def _panel_gemm(n_rows: int, in_features: int):
+    """Prefill GEMM: dequantize PANEL_ROWS rows once into panel[k, row], then tiles of
+    PANEL_TOKENS tokens x PANEL_ROWS rows accumulate in registers over k."""
+    words, nr, mr, lanes = in_features // PER_WORD, PANEL_ROWS, PANEL_TOKENS, 16
+    halves = nr // lanes
+    panels = (n_rows + nr - 1) // nr
+
+    @T.macro
+    def panel_gemm(x, w, s, y, m):
+        for pb in T.parallel(panels):
+            panel = T.alloc_buffer((in_features, nr), "float32")
+            acc = T.alloc_buffer((mr, nr), "float32")
+            for r in T.serial(nr):
+                row = T.min(pb * nr + r, n_rows - 1)  # clamped: a short last panel repeats its row
+                for j in T.serial(words):
+                    scale = T.Cast("float32", s[row, j // (GROUP // PER_WORD)])
+                    for i in T.unroll(PER_WORD):
+                        q = T.shift_right(w[row, j], T.uint32(4 * i)) & T.uint32(0xF)
+                        panel[j * PER_WORD + i, r] = (T.Cast("float32", q) - T.float32(8)) * scale
+            for tb in T.serial((m + mr - 1) // mr):
+                for t in T.unroll(mr):
+                    for c in T.unroll(halves):
+                        acc[t, T.ramp(c * lanes, 1, lanes)] = T.Broadcast(T.float32(0), lanes)
+                for k in T.serial(in_features):
+                    for t in T.unroll(mr):
+                        xt = x[T.min(tb * mr + t, m - 1), k]  # clamped: the tail tile recomputes
+                        for c in T.unroll(halves):
+                            acc[t, T.ramp(c * lanes, 1, lanes)] = (
+                                acc[t, T.ramp(c * lanes, 1, lanes)]
+                                + T.Broadcast(xt, lanes) * panel[k, T.ramp(c * lanes, 1, lanes)]
+                            )
+                for t in T.unroll(mr):
+                    if tb * mr + t < m:
+                        for r in T.serial(nr):
+                            if pb * nr + r < n_rows:
+                                y[tb * mr + t, pb * nr + r] = acc[t, r]
+
+    return panel_gemm
 
 
 def take(ids: te.Tensor, weight: te.Tensor, scale: te.Tensor) -> te.Tensor:

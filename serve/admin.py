@@ -1,0 +1,71 @@
+"""Admin routes (only with --allow-admin, since a load reads a path the caller names).
+
+POST /admin/models/load   {"path", "name"?, "quant"?}  -> 200 once the model serves
+POST /admin/models/unload {"name"}                     -> 200 drained and freed within
+    --unload-drain-wait, else 202 (unroutable already; freed when its last request ends)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+from aiohttp import web
+
+from .errors import APIError, bad_request
+from .keys import CONFIG, LOADER, REGISTRY, STARTED
+from .middleware import body_cap_for
+from .registry import ModelSlot
+from .routes import model_entry, read_body
+from .schemas import LoadRequest, UnloadRequest, parse
+
+log = logging.getLogger("goinfer.serve")
+routes = web.RouteTableDef()
+DRAINING = web.AppKey("draining", set)  # background frees, kept referenced until done
+
+
+@routes.post("/admin/models/load")
+async def load(request: web.Request) -> web.Response:
+    app = request.app
+    req: LoadRequest = parse(LoadRequest, await read_body(request, body_cap_for(request)))
+    reg, loader = app[REGISTRY], app[LOADER]
+    if loader is None:
+        raise APIError(503, "this server was started without a model loader", code="no_loader")
+    name = req.name or Path(req.path).stem
+    if name in reg.slots or name in reg.loading:
+        raise bad_request(f"model {name!r} is already loaded or loading; unload it first", param="name")
+    reg.loading.add(name)
+    try:
+        engine = await asyncio.to_thread(loader, name, req.path, req.quant)
+    except (OSError, ValueError) as e:  # bad path, bad bundle, refused build: the loader's one-line reason
+        raise bad_request(f"cannot load {req.path!r}: {e}", param="path", code="load_failed") from None
+    finally:
+        reg.loading.discard(name)
+    slot = reg.add(name, engine)
+    log.info("loaded %s from %s", name, req.path)
+    return web.json_response({"loaded": model_entry(slot, app[STARTED])})
+
+
+@routes.post("/admin/models/unload")
+async def unload(request: web.Request) -> web.Response:
+    app = request.app
+    req: UnloadRequest = parse(UnloadRequest, await read_body(request, body_cap_for(request)))
+    slot = app[REGISTRY].remove(req.name)
+    try:
+        await asyncio.wait_for(slot.idle.wait(), app[CONFIG].unload_drain_wait_s)
+    except asyncio.TimeoutError:
+        task = asyncio.create_task(_free_when_idle(slot))
+        app[DRAINING].add(task)
+        task.add_done_callback(app[DRAINING].discard)
+        return web.json_response(
+            {"unloaded": req.name, "freed": False, "in_flight": slot.admitted}, status=202
+        )
+    slot.close()
+    return web.json_response({"unloaded": req.name, "freed": True})
+
+
+async def _free_when_idle(slot: ModelSlot) -> None:
+    await slot.idle.wait()
+    slot.close()
+    log.info("freed %s after its last request", slot.name)

@@ -1,0 +1,50 @@
+"""The aiohttp application: `create_app(engines, config)`.
+
+Engines are given already loaded, keyed by the name requests route on; tests pass fake ones.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Mapping
+
+from aiohttp import web
+
+from . import admin, middleware, routes
+from .config import BodyCaps, ServeConfig
+from .engine import Engine
+from .keys import CAPS, CONFIG, LOADER, REGISTRY, STARTED, Loader
+from .registry import Registry
+
+log = logging.getLogger("goinfer.serve")
+
+
+def create_app(
+    engines: Mapping[str, Engine], config: ServeConfig | None = None, loader: Loader | None = None
+) -> web.Application:
+    config = config or ServeConfig()
+    caps = BodyCaps.resolve(config.max_body_bytes, [e.info.context_window for e in engines.values()])
+    # aiohttp's own cap sits above ours, so ours (with its clearer message) is the one that fires.
+    app = web.Application(
+        middlewares=[middleware.errors, middleware.auth, middleware.body_cap],
+        client_max_size=max(caps.text, caps.small) + 1,
+    )
+    registry = Registry(config.max_queue)
+    for name, engine in engines.items():
+        registry.add(name, engine)
+    app[CONFIG], app[CAPS], app[REGISTRY] = config, caps, registry
+    app[LOADER] = loader
+    app[STARTED] = int(time.time())
+    app.add_routes(routes.routes)
+    if config.allow_admin:
+        app[admin.DRAINING] = set()
+        app.add_routes(admin.routes)
+    app.cleanup_ctx.append(_close_models)
+    return app
+
+
+async def _close_models(app: web.Application) -> AsyncIterator[None]:
+    yield
+    for slot in app[REGISTRY].slots.values():
+        slot.close()

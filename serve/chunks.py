@@ -1,0 +1,162 @@
+"""OpenAI's streaming chunks, built from runtime deltas, and the fold that makes a whole reply of them.
+
+A non-streaming reply is never built any other way: it is `fold(chunks)` over the very chunks a
+stream would have sent, so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from typing import Any
+
+from goinfer.runtime.stream import Delta, TokenLogprob, Usage
+
+Chunk = dict[str, Any]
+
+
+def _usage(u: Usage) -> dict[str, int]:
+    return {
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.total_tokens,
+    }
+
+
+def _bytes(s: str) -> list[int]:
+    return list(s.encode("utf-8", "surrogatepass"))
+
+
+class ChunkBuilder(ABC):
+    """Deltas -> chunk dicts for one reply (one id, one `created`); subclasses shape the choices."""
+
+    prefix = ""
+    object = ""
+
+    def __init__(self, model: str, include_usage: bool):
+        self.id = f"{self.prefix}-{uuid.uuid4().hex[:24]}"
+        self.created = int(time.time())
+        self.model, self.include_usage = model, include_usage
+
+    def _chunk(self, choices: list[dict[str, Any]], usage: Usage | None = None) -> Chunk:
+        c: Chunk = {"id": self.id, "object": self.object, "created": self.created, "model": self.model}
+        c["choices"] = choices
+        if self.include_usage:
+            c["usage"] = _usage(usage) if usage is not None else None
+        return c
+
+    def start(self) -> list[Chunk]:
+        return []
+
+    def step(self, d: Delta) -> list[Chunk]:
+        out = []
+        if d.text or d.logprobs:
+            out.append(self._chunk([self._choice(d, None)]))
+        if d.finish_reason is not None:
+            out.append(self._chunk([self._choice(Delta(""), d.finish_reason)]))
+            if self.include_usage and d.usage is not None:
+                out.append(self._chunk([], d.usage))  # OpenAI's last chunk: no choices, the usage
+        return out
+
+    @abstractmethod
+    def _choice(self, d: Delta, finish: str | None) -> dict[str, Any]: ...
+
+
+class ChatChunks(ChunkBuilder):
+    prefix, object = "chatcmpl", "chat.completion.chunk"
+
+    def start(self) -> list[Chunk]:
+        return [self._chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                              "finish_reason": None}])]  # fmt: skip
+
+    def _choice(self, d: Delta, finish: str | None) -> dict[str, Any]:
+        delta = {"content": d.text} if finish is None else {}
+        lp = {"content": [_chat_logprob(e) for e in d.logprobs], "refusal": None} if d.logprobs else None
+        return {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
+
+
+def _chat_logprob(e: TokenLogprob) -> dict[str, Any]:
+    top = [{"token": t, "logprob": lp, "bytes": _bytes(t)} for t, lp in e.top]
+    return {"token": e.token, "logprob": e.logprob, "bytes": _bytes(e.token), "top_logprobs": top}
+
+
+class CompletionChunks(ChunkBuilder):
+    prefix, object = "cmpl", "text_completion"
+
+    def __init__(self, model: str, include_usage: bool):
+        super().__init__(model, include_usage)
+        self.offset = 0  # text_offset of the next token, within the completion
+
+    def _choice(self, d: Delta, finish: str | None) -> dict[str, Any]:
+        lp = None
+        if d.logprobs:
+            offsets = []
+            for e in d.logprobs:
+                offsets.append(self.offset)
+                self.offset += len(e.token)
+            lp = {
+                "tokens": [e.token for e in d.logprobs],
+                "token_logprobs": [e.logprob for e in d.logprobs],
+                "top_logprobs": [dict(e.top) for e in d.logprobs],
+                "text_offset": offsets,
+            }
+        return {"index": 0, "text": d.text, "logprobs": lp, "finish_reason": finish}
+
+
+def fold_chat(chunks: Iterable[Chunk], logprobs: bool) -> dict[str, Any]:
+    """A chat.completion object from its stream."""
+    head: Chunk | None = None
+    role, content, finish, usage = "assistant", [], None, None
+    lps: list[dict[str, Any]] = []
+    for c in chunks:
+        head = head or c
+        usage = c.get("usage") or usage
+        for ch in c["choices"]:
+            role = ch["delta"].get("role", role)
+            content.append(ch["delta"].get("content") or "")
+            lps += (ch.get("logprobs") or {}).get("content") or []
+            finish = ch["finish_reason"] or finish
+    assert head is not None, "a stream always has its first chunk"
+    choice = {
+        "index": 0,
+        "message": {"role": role, "content": "".join(content), "refusal": None},
+        "logprobs": {"content": lps, "refusal": None} if logprobs else None,
+        "finish_reason": finish,
+    }
+    return _reply(head, "chat.completion", choice, usage)
+
+
+def fold_completion(chunks: Iterable[Chunk], logprobs: bool) -> dict[str, Any]:
+    """A text_completion object from its stream."""
+    head: Chunk | None = None
+    text, finish, usage = [], None, None
+    lp: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for c in chunks:
+        head = head or c
+        usage = c.get("usage") or usage
+        for ch in c["choices"]:
+            text.append(ch["text"])
+            for k, v in (ch.get("logprobs") or {}).items():
+                lp[k] += v
+            finish = ch["finish_reason"] or finish
+    assert head is not None, "a stream always has its first chunk"
+    choice = {
+        "index": 0,
+        "text": "".join(text),
+        "logprobs": lp if logprobs else None,
+        "finish_reason": finish,
+    }
+    return _reply(head, "text_completion", choice, usage)
+
+
+def _reply(head: Chunk, obj: str, choice: dict[str, Any], usage: Any) -> dict[str, Any]:
+    return {
+        "id": head["id"],
+        "object": obj,
+        "created": head["created"],
+        "model": head["model"],
+        "choices": [choice],
+        "usage": usage,
+    }

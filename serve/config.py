@@ -1,0 +1,81 @@
+"""Server settings, resolved once at startup and frozen."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+
+MiB = 1 << 20
+TEXT_CAP_FLOOR = 4 * MiB  # a body that could never fit a context window is not worth reading
+BYTES_PER_CONTEXT_TOKEN = 32  # generous: JSON escapes can turn one token's text into ~30 bytes
+SMALL_CAP = 64 * 1024  # admin and GET routes carry a few fields at most
+
+
+@dataclass(frozen=True)
+class BodyCaps:
+    """The largest request body each kind of route reads (a larger Content-Length is a 413)."""
+
+    text: int  # /v1/chat/completions, /v1/completions
+    small: int  # every other route
+
+    @classmethod
+    def resolve(cls, max_body_bytes: int, context_windows: list[int]) -> BodyCaps:
+        """`max_body_bytes` > 0 caps every route alike; 0 derives a cap per route."""
+        if max_body_bytes > 0:
+            return cls(text=max_body_bytes, small=max_body_bytes)
+        text = max([TEXT_CAP_FLOOR] + [BYTES_PER_CONTEXT_TOKEN * c for c in context_windows])
+        return cls(text=text, small=SMALL_CAP)
+
+    def describe(self) -> str:
+        return f"chat/completions and completions {_size(self.text)}, other routes {_size(self.small)}"
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    api_key: str | None = None
+    max_queue: int = 8  # requests that may wait per model behind the one running
+    max_body_bytes: int = 0  # 0: derived per route (BodyCaps.resolve)
+    allow_admin: bool = False
+    unload_drain_wait_s: float = 5.0
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    keepalive_s: float = 5.0  # an SSE comment goes out when nothing else has for this long
+    poll_s: float = 0.25  # how often a waiting request checks that its client is still there
+    retry_after_s: int = 1  # the Retry-After a 429 carries
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.tls_cert and self.tls_key)
+
+    @property
+    def loopback(self) -> bool:
+        return is_loopback(self.host)
+
+    @property
+    def base_url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}/v1"
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name other than localhost may resolve anywhere
+
+
+def parse_addr(addr: str) -> tuple[str, int]:
+    """'127.0.0.1:8080', '[::1]:8080' or ':8080' (all interfaces) -> (host, port)."""
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"--addr {addr!r}: expected HOST:PORT, e.g. 127.0.0.1:8080")
+    host = host.strip("[]") or "0.0.0.0"
+    return host, int(port)
+
+
+def _size(n: int) -> str:
+    return f"{n / MiB:.1f} MiB" if n >= MiB else f"{n // 1024} KiB" if n >= 1024 else f"{n} B"

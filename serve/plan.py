@@ -1,0 +1,150 @@
+"""From a validated request to what a worker runs: messages for the template, prompt ids, sampling.
+
+Every limit is checked here, before anything is queued, so a bad request is an error response and
+never half a stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from goinfer.runtime.sampler import SamplingParams
+from goinfer.runtime.stream import Delta, text_deltas
+
+from .engine import Engine
+from .errors import bad_request, unsupported
+from .schemas import ChatMessage, ChatRequest, CompletionRequest, SamplingRequest
+
+# OpenAI's documented defaults where the request leaves a knob out.
+DEFAULT_TEMPERATURE = 1.0
+DEFAULT_COMPLETION_MAX_TOKENS = 16  # /v1/completions; chat defaults to the rest of the window
+
+
+@dataclass(frozen=True)
+class Plan:
+    prompt_ids: list[int]
+    params: SamplingParams
+    stops: tuple[str, ...]
+    logprobs: bool
+    top_logprobs: int
+
+    def deltas(self, engine: Engine) -> Iterator[Delta]:
+        """The one generation path: the engine's token events folded into client deltas."""
+        events = engine.generate(self.prompt_ids, self.params, self.top_logprobs)
+        return text_deltas(events, len(self.prompt_ids), self.stops, engine.token_text, self.logprobs)
+
+
+def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """Request messages -> the dicts a chat template reads.
+
+    `developer` is OpenAI's newer name for `system`: renamed in place. When several system
+    messages are sent, the last one wins (earlier ones are dropped), wherever it stands.
+    """
+    out: list[dict[str, Any]] = []
+    last_system = max((i for i, m in enumerate(messages) if m.role in ("system", "developer")), default=-1)
+    for i, m in enumerate(messages):
+        role = "system" if m.role == "developer" else m.role
+        if role == "system" and i != last_system:
+            continue
+        d = m.model_dump(exclude_none=True)
+        d["role"], d["content"] = role, _text(m, i)
+        out.append(d)
+    return out
+
+
+def _text(m: ChatMessage, i: int) -> str:
+    if m.content is None:
+        if m.role == "assistant":
+            return ""  # an assistant turn that only called tools
+        raise bad_request(
+            f"messages.{i}.content is required for role {m.role!r}", param=f"messages.{i}.content"
+        )
+    if isinstance(m.content, str):
+        return m.content
+    texts = []
+    for j, part in enumerate(m.content):
+        if part.type != "text" or part.text is None:
+            what = "image content needs a vision model (vision: false here)" if "image" in part.type else ""
+            raise bad_request(
+                f"messages.{i}.content.{j}: unsupported content part type {part.type!r}"
+                + (f": {what}" if what else "; only text parts are accepted"),
+                param=f"messages.{i}.content.{j}.type",
+            )
+        texts.append(part.text)
+    return "\n".join(texts)
+
+
+def refuse_unsupported(req: SamplingRequest) -> None:
+    if req.n not in (None, 1):
+        raise bad_request(f"n={req.n}: only n=1 is supported", param="n")
+    if req.logit_bias:
+        raise unsupported("logit_bias is not supported", "logit_bias")
+    if isinstance(req, ChatRequest):
+        if req.tools:
+            raise unsupported("tools are not supported yet", "tools")
+        if req.response_format and req.response_format.get("type", "text") != "text":
+            raise unsupported("response_format other than text is not supported yet", "response_format")
+    if isinstance(req, CompletionRequest):
+        if req.echo:
+            raise unsupported("echo is not supported", "echo")
+        if req.suffix:
+            raise unsupported("suffix is not supported", "suffix")
+        if req.best_of not in (None, 1):
+            raise bad_request(f"best_of={req.best_of}: only 1 is supported", param="best_of")
+
+
+def completion_prompt(req: CompletionRequest) -> str | list[int]:
+    """The one prompt of a completions request: text, or token ids."""
+    p = req.prompt
+    if isinstance(p, list) and p and isinstance(p[0], (str, list)):
+        if len(p) != 1:
+            raise bad_request(f"prompt: {len(p)} prompts given; only one per request is supported", "prompt")
+        p = p[0]
+    if not p:
+        raise bad_request("prompt is empty", param="prompt")
+    return p  # type: ignore[return-value]
+
+
+def make_plan(req: SamplingRequest, prompt_ids: list[int], name: str, context_window: int) -> Plan:
+    """Check the prompt and budget against the window; fill the defaults."""
+    n = len(prompt_ids)
+    if n >= context_window:
+        raise bad_request(
+            f"the prompt is {n} tokens, over the context window of {context_window} tokens for model "
+            f"{name!r} (prompt and completion must fit in {context_window})",
+            param="messages" if isinstance(req, ChatRequest) else "prompt",
+            code="context_length_exceeded",
+        )
+    if isinstance(req, ChatRequest):
+        field, asked = (
+            ("max_completion_tokens", req.max_completion_tokens)
+            if req.max_completion_tokens is not None
+            else ("max_tokens", req.max_tokens)
+        )
+        default = context_window - n
+    else:
+        field, asked, default = "max_tokens", req.max_tokens, DEFAULT_COMPLETION_MAX_TOKENS
+    if asked is not None and asked > context_window:
+        raise bad_request(
+            f"{field}={asked} is over the context window of {context_window} tokens for model {name!r}",
+            param=field,
+        )
+    if isinstance(req, ChatRequest):
+        logprobs, top = req.logprobs, req.top_logprobs or 0
+        if top and not logprobs:
+            raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")
+    else:
+        logprobs, top = req.logprobs is not None, req.logprobs or 0
+    params = SamplingParams(
+        temperature=DEFAULT_TEMPERATURE if req.temperature is None else req.temperature,
+        top_k=req.top_k or 0,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        min_p=req.min_p or 0.0,
+        seed=req.seed,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        presence_penalty=req.presence_penalty or 0.0,
+        max_tokens=asked if asked is not None else default,  # Model.generate also stops at the window
+    )
+    return Plan(prompt_ids, params, req.stops, logprobs, top)

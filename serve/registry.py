@@ -1,0 +1,162 @@
+"""The served models: each in a slot with its own worker thread and a bounded queue.
+
+One model generates one request at a time (its KV cache is single-sequence), so each slot owns a
+one-thread executor: requests for one model queue there, and distinct models run in parallel.
+Admission is counted on the event loop; a request holds its place until its worker job ends, so a
+cancelled request that is still prefilling keeps counting against the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
+
+from goinfer.runtime.stream import Delta
+
+from .engine import Engine
+from .errors import APIError
+
+log = logging.getLogger("goinfer.serve")
+_END = object()
+
+
+class Generation:
+    """One request's run on a slot's worker: deltas out, a cancel flag in.
+
+    Iterate `ticks()` for each Delta, or None whenever `poll_s` passes with nothing new (the caller
+    sends a keep-alive or checks its client then). Leaving the iteration early cancels the run.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, poll_s: float):
+        self.loop, self.poll_s = loop, poll_s
+        self.queue: asyncio.Queue[object] = asyncio.Queue()
+        self.cancelled = threading.Event()
+
+    def _post(self, item: object) -> None:
+        with suppress(RuntimeError):  # the loop has closed (server shutdown): nobody is listening
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+    def work(self, make: Callable[[], Iterator[Delta]]) -> None:
+        """Runs on the worker thread."""
+        if self.cancelled.is_set():  # the client left while this waited in the queue
+            self._post(_END)
+            return
+        try:
+            deltas = make()
+            try:
+                for d in deltas:
+                    if self.cancelled.is_set():
+                        break
+                    self._post(d)
+            finally:
+                close = getattr(deltas, "close", None)
+                if close is not None:
+                    close()
+        except Exception as e:
+            log.exception("generation failed")
+            self._post(e)
+        self._post(_END)
+
+    async def ticks(self) -> AsyncIterator[Delta | None]:
+        try:
+            while True:
+                try:
+                    item = await asyncio.wait_for(self.queue.get(), self.poll_s)
+                except asyncio.TimeoutError:
+                    yield None
+                    continue
+                if item is _END:
+                    return
+                if isinstance(item, Exception):
+                    raise item
+                assert isinstance(item, Delta)
+                yield item
+        finally:
+            self.cancelled.set()  # harmless once finished; stops the worker if we left early
+
+
+class ModelSlot:
+    def __init__(self, name: str, engine: Engine, max_queue: int):
+        self.name, self.engine, self.max_queue = name, engine, max_queue
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"goinfer-{name}")
+        self.admitted = 0  # running + waiting
+        self.runs: set[Generation] = set()
+        self.idle = asyncio.Event()
+        self.idle.set()
+
+    def submit(
+        self, make: Callable[[], Iterator[Delta]], poll_s: float, retry_after_s: int = 1
+    ) -> Generation:
+        """Queue a run, or refuse with 429 when one runs and `max_queue` already wait."""
+        if self.admitted >= self.max_queue + 1:
+            raise APIError(
+                429,
+                f"model {self.name!r} is busy: {self.admitted} requests running or queued "
+                f"(--max-queue {self.max_queue}); retry later",
+                code="queue_full",
+                headers={"Retry-After": str(retry_after_s)},
+            )
+        loop = asyncio.get_running_loop()
+        run = Generation(loop, poll_s)
+        self.admitted += 1
+        self.runs.add(run)
+        self.idle.clear()
+        future = loop.run_in_executor(self.executor, run.work, make)
+        future.add_done_callback(lambda _f: self._finished(run))
+        return run
+
+    def _finished(self, run: Generation) -> None:
+        self.admitted -= 1
+        self.runs.discard(run)
+        if self.admitted == 0:
+            self.idle.set()
+
+    def cancel_all(self) -> None:
+        for run in list(self.runs):
+            run.cancelled.set()
+
+    def close(self) -> None:
+        self.cancel_all()
+        self.executor.shutdown(wait=False, cancel_futures=True)
+        self.engine.close()
+
+
+class Registry:
+    """Name -> slot. A name being loaded by an admin request answers 503 until it is ready."""
+
+    def __init__(self, max_queue: int):
+        self.max_queue = max_queue
+        self.slots: dict[str, ModelSlot] = {}
+        self.loading: set[str] = set()
+
+    def add(self, name: str, engine: Engine) -> ModelSlot:
+        slot = ModelSlot(name, engine, self.max_queue)
+        self.slots[name] = slot
+        return slot
+
+    def route(self, name: str | None) -> ModelSlot:
+        if name is None:
+            if len(self.slots) == 1:
+                return next(iter(self.slots.values()))  # one model served: `model` may be left out
+            raise APIError(400, "model is required: this server serves several", param="model")
+        if name in self.slots:
+            return self.slots[name]
+        if name in self.loading:
+            raise APIError(503, f"model {name!r} is still loading", param="model", code="model_loading")
+        served = ", ".join(sorted(self.slots)) or "none"
+        raise APIError(
+            404,
+            f"model {name!r} is not served here (served: {served})",
+            param="model",
+            code="model_not_found",
+        )
+
+    def remove(self, name: str) -> ModelSlot:
+        """Make the model unroutable at once; the caller frees it when its runs are done."""
+        if name not in self.slots:
+            raise APIError(404, f"model {name!r} is not loaded", param="name", code="model_not_found")
+        return self.slots.pop(name)

@@ -1,0 +1,115 @@
+"""`goinfer serve` as a user starts it: refusals before any load, the banner, and a real tiny model
+served through the real engine adapter."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from click.testing import CliRunner
+from goinfer.cli.main import main
+
+
+def _run(*args: str, env: dict[str, str] | None = None):
+    return CliRunner().invoke(main, [str(a) for a in args], env={"GOINFER_API_KEY": "", **(env or {})})
+
+
+def _one_line_error(result, needle: str) -> None:
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("goinfer: error: ") and needle in lines[0], lines
+
+
+def test_serve_refuses_before_loading_anything(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.giw"
+    _one_line_error(_run("serve", "--addr", "0.0.0.0:8080", "--model", missing), "not loopback")
+    _one_line_error(_run("serve", "--addr", "[::]:9000", "--model", missing), "--api-key")
+    _one_line_error(_run("serve", "--addr", "localhost", "--model", missing), "HOST:PORT")
+    _one_line_error(_run("serve", "--tls-cert", tmp_path / "c.pem", "--model", missing), "--tls-key")
+    (tmp_path / "junk.pem").write_text("not a certificate")
+    junk = tmp_path / "junk.pem"
+    _one_line_error(
+        _run("serve", "--tls-cert", junk, "--tls-key", junk, "--model", missing), "cannot load --tls"
+    )
+    _one_line_error(_run("serve", "--model", f"a={missing}", "--model", f"a={missing}"), "given twice")
+    # With the key from the environment the address is allowed; then the missing bundle is the error.
+    _one_line_error(
+        _run("serve", "--addr", "0.0.0.0:8080", "--model", missing, env={"GOINFER_API_KEY": "k"}),
+        "missing.giw",
+    )
+
+
+@pytest.fixture
+def served(tiny_bundle, monkeypatch):
+    """Run `goinfer serve` with the listening step replaced: returns (result, app, config)."""
+    from goinfer.serve import server
+
+    got = {}
+    monkeypatch.setattr(server, "run", lambda app, config, ctx: got.update(app=app, config=config))
+
+    def serve(*args: str, env: dict[str, str] | None = None):
+        result = _run(
+            "serve", "--model", f"tiny={tiny_bundle('qwen2', 'f32')}", "--no-selftest", *args, env=env
+        )
+        assert result.exit_code == 0, result.output
+        return result, got["app"], got["config"]
+
+    return serve
+
+
+def test_banner_names_each_model_and_the_caps(served, tiny_bundle) -> None:
+    result, _app, config = served("--max-body-bytes", "2048", "--max-queue", "3")
+    out = result.stdout
+    assert "OpenAI base URL http://127.0.0.1:8080/v1" in out
+    assert f"model tiny: {tiny_bundle('qwen2', 'f32')} (quant f32, target llvm" in out
+    assert "context window 256" in out
+    assert "body caps: chat/completions and completions 2 KiB, other routes 2 KiB" in out
+    assert "queue: 3 waiting per model; admin routes off" in out
+    assert "WARNING: no API key" in out
+    assert config.max_queue == 3 and config.api_key is None
+
+    keyed, _app, config = served("--addr", "0.0.0.0:8123", "--api-key", "k", "--allow-admin")
+    assert "no API key" not in keyed.stdout and "off loopback without TLS" in keyed.stdout
+    assert "admin routes on (unload drain wait 5s)" in keyed.stdout
+    assert (config.host, config.port, config.api_key) == ("0.0.0.0", 8123, "k")
+
+
+def test_a_tiny_real_model_serves_what_generate_gives(served, tiny_bundle) -> None:
+    from goinfer.runtime.model import Model
+    from goinfer.runtime.sampler import SamplingParams
+
+    model = Model.load(tiny_bundle("qwen2", "f32"), self_test=False)
+    messages = [{"role": "user", "content": "Name a prime."}]
+    ids = model.chat_prompt(messages)
+    events = list(model.generate(ids, SamplingParams(temperature=0, max_tokens=10)))
+    _result, app, _config = served()
+
+    async def ask() -> tuple[dict, dict]:
+        async with TestClient(TestServer(app)) as client:
+            body = {"model": "tiny", "messages": messages, "temperature": 0, "max_tokens": 10}
+            chat = await (await client.post("/v1/chat/completions", json=body)).json()
+            listing = await (await client.get("/v1/models")).json()
+            return chat, listing
+
+    chat, listing = asyncio.run(ask())
+    assert chat["choices"][0]["message"]["content"] == "".join(e.text for e in events)
+    assert chat["choices"][0]["finish_reason"] == events[-1].finish_reason
+    assert chat["usage"]["prompt_tokens"] == len(ids)
+    assert chat["usage"]["completion_tokens"] == sum(e.token_id is not None for e in events)
+    entry = listing["data"][0]
+    assert entry["id"] == "tiny" and entry["context_window"] == 256 and entry["vision"] is False
+    assert entry["decode_path"].startswith("llvm") and "f32" in entry["decode_path"]
+
+
+def test_the_default_model_is_the_zoo_default() -> None:
+    from goinfer.cli.main import DEFAULT_SERVE_MODEL, _model_specs
+    from goinfer.compiler.sources import zoo
+
+    assert DEFAULT_SERVE_MODEL == zoo.DEFAULT_MODEL  # the help text names it without importing the zoo
+    assert _model_specs(("smollm2-135m", "x=/m/a.gguf", "/m/b.giw")) == [
+        ("smollm2-135m", "smollm2-135m"),
+        ("x", "/m/a.gguf"),
+        ("b", "/m/b.giw"),
+    ]
