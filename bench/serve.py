@@ -55,9 +55,10 @@ def _wait_ready(port: int, proc: subprocess.Popen, what: str, timeout_s: float =
     raise SystemExit(f"bench: {what} did not become ready in {timeout_s:.0f}s")
 
 
-def stream_once(port: int, model: str, max_tokens: int) -> dict[str, float]:
+def stream_once(port: int, model: str, max_tokens: int, extra: dict | None = None) -> dict[str, float]:
     """One streaming chat request: seconds to the first content token, and decode tok/s after it."""
     body = {
+        **(extra or {}),
         "model": model,
         "messages": [{"role": "user", "content": PROMPT}],
         "max_tokens": max_tokens,
@@ -138,11 +139,13 @@ def main(argv: list[str] | None = None) -> int:
         _wait_ready(ours_port, procs["goinfer"], "goinfer serve")
         _wait_ready(peer_port, procs["llama-server"], "llama-server")
         ours, peer = [], []
-        stream_once(ours_port, name, 8), stream_once(peer_port, name, 8)  # warm both
+        # llama-server would reuse the repeated prompt's KV (we do not yet): make it prefill too
+        no_cache = {"cache_prompt": False}
+        stream_once(ours_port, name, 8), stream_once(peer_port, name, 8, no_cache)  # warm both
         for i in range(a.rounds):  # A/B/A/B
             _log(f"round {i + 1}/{a.rounds}")
             ours.append(stream_once(ours_port, name, a.max_tokens))
-            peer.append(stream_once(peer_port, name, a.max_tokens))
+            peer.append(stream_once(peer_port, name, a.max_tokens, no_cache))
 
     def med(rows, key):
         return median([r[key] for r in rows])

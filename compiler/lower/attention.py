@@ -6,11 +6,16 @@ These keep the stock signatures (the cache's C++ side calls them by position) an
 they run:
 
 1. One parallel task per (query token, head): 512 x 14 tasks for a Qwen prompt, 14 for a decode.
+   Measured, Qwen-0.5B, 2 threads: a 512-token prompt's attention 5.1 s -> 1.2 s (24 layers); decode
+   went from 22 to 31-35 tok/s, most of it here.
 2. Keys come in blocks of KEY_BLOCK with an online softmax per block: the running output is
    rescaled once per block, not once per key, and the scores live in a small stack buffer.
 3. Dot products and the weighted sum of values run as vectors over head_dim.
 4. Scores are in log2 units (scaled by log2(e)) and `lse` is log2-based, as the stock kernels
    leave them for the cache's merge kernel.
+
+The stock paged prefill (history attention in chunked prefill) also reads `scale_O[d_idx]` from a
+one-element buffer, i.e. past its end; tests/test_attention_kernels.py holds ours to numpy.
 
 Only RopeMode.NONE is supported (the models apply RoPE themselves): `rotary_mode` must be 0.
 """
