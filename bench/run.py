@@ -171,6 +171,7 @@ def _gguf_weight_mb(gguf: Path) -> float:
 
 
 def _ensure_bundle(gguf: Path, quant: str) -> Path:
+    from goinfer.artifacts import giw
     from goinfer.compiler.build import BuildOptions, build
     from goinfer.compiler.sources import zoo
 
@@ -178,8 +179,6 @@ def _ensure_bundle(gguf: Path, quant: str) -> Path:
     if not bundle.is_file():
         _log(f"building {bundle.name}")
         build(gguf, bundle, BuildOptions(target="llvm", quant=quant))
-    from goinfer.artifacts import giw
-
     # A bundle's first open hashes every blob (once per machine): not part of a cold start.
     with giw.open_bundle(bundle, verify="once"):
         pass

@@ -168,10 +168,11 @@ class Model:
 
     # -- generation ----------------------------------------------------------------------
     def generate(
-        self, prompt_ids: list[int], params: SamplingParams, top_logprobs: int = 0
+        self, prompt_ids: list[int], params: SamplingParams, logprobs: int | None = None
     ) -> Iterator[StepEvent]:
-        """Stream tokens; the final event carries finish_reason and timings. `top_logprobs` > 0 adds
-        that many most likely alternatives (with their log-probabilities) to each token's event."""
+        """Stream tokens; the final event carries finish_reason and timings. `logprobs` k >= 0 puts
+        each token's log-probability on its event, with the k most likely alternatives; None skips
+        them (a full-vocabulary log-softmax per token: ~1.9 ms on Qwen's 152k vocabulary)."""
         if not prompt_ids:
             raise ValueError("empty prompt")
         sampler = Sampler(params)
@@ -188,8 +189,11 @@ class Model:
                 finish = "stop"
                 break
             n += 1
-            lsm = log_softmax(logits)
-            yield StepEvent(tok, detok.push(tok), float(lsm[tok]), top_logprobs=_top(lsm, top_logprobs))
+            if logprobs is None:
+                yield StepEvent(tok, detok.push(tok))
+            else:
+                lsm = log_softmax(logits)
+                yield StepEvent(tok, detok.push(tok), float(lsm[tok]), top_logprobs=_top(lsm, logprobs))
             if n < budget:
                 logits = self.decode_step(tok)
         t_decode = time.perf_counter() - t1

@@ -157,7 +157,8 @@ class Sampler:
         p = self.params
         if self.counts is None:
             self.counts = np.zeros(logits.size, dtype=np.float64)
-        z = apply_penalties(logits.astype(np.float64), self.counts, p.frequency_penalty, p.presence_penalty)
+        # (no copy without penalties: `sample` converts what it needs; greedy needs nothing)
+        z = apply_penalties(logits, self.counts, p.frequency_penalty, p.presence_penalty)
         tok = sample(z, p, self.seed, self.draws)
         self.draws += 1
         self.counts[tok] += 1

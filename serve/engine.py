@@ -42,9 +42,10 @@ class Engine(Protocol):
     def token_text(self, token_id: int) -> str: ...
 
     def generate(
-        self, prompt_ids: list[int], params: SamplingParams, top_logprobs: int
+        self, prompt_ids: list[int], params: SamplingParams, logprobs: int | None
     ) -> Iterator[StepEvent]:
-        """Token events as runtime.model.Model.generate yields them (the final one has finish_reason)."""
+        """Token events as runtime.model.Model.generate yields them (the final one has finish_reason);
+        `logprobs` None: no log-probabilities, k: each token's and its k top alternatives."""
         ...
 
     def close(self) -> None:

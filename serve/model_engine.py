@@ -50,9 +50,9 @@ class ModelEngine:
         return self._model().decode([token_id])
 
     def generate(
-        self, prompt_ids: list[int], params: SamplingParams, top_logprobs: int
+        self, prompt_ids: list[int], params: SamplingParams, logprobs: int | None
     ) -> Iterator[StepEvent]:
-        return self._model().generate(prompt_ids, params, top_logprobs=top_logprobs)
+        return self._model().generate(prompt_ids, params, logprobs)
 
     def close(self) -> None:
         # The last reference to the weights, kernels and KV cache goes; the mapping is freed with it.

@@ -32,7 +32,7 @@ class Plan:
 
     def deltas(self, engine: Engine) -> Iterator[Delta]:
         """The one generation path: the engine's token events folded into client deltas."""
-        events = engine.generate(self.prompt_ids, self.params, self.top_logprobs)
+        events = engine.generate(self.prompt_ids, self.params, self.top_logprobs if self.logprobs else None)
         return text_deltas(events, len(self.prompt_ids), self.stops, engine.token_text, self.logprobs)
 
 

@@ -78,7 +78,7 @@ class ScriptedEngine(_Base):
         return -0.25 * (i + 1)
 
     def generate(
-        self, prompt_ids: list[int], params: SamplingParams, top_logprobs: int
+        self, prompt_ids: list[int], params: SamplingParams, logprobs: int | None
     ) -> Iterator[StepEvent]:
         self.params.append(params)
         self.started.set()
@@ -94,8 +94,11 @@ class ScriptedEngine(_Base):
                     return
                 time.sleep(self.step_s)
                 tid = self.vocab.index(piece)
-                alts = tuple((t, self.logprob(i) - t) for t in range(min(top_logprobs, len(self.vocab))))
                 self.yielded += 1
+                if logprobs is None:  # like Model.generate: none unless asked for
+                    yield StepEvent(tid, piece)
+                    continue
+                alts = tuple((t, self.logprob(i) - t) for t in range(min(logprobs, len(self.vocab))))
                 yield StepEvent(tid, piece, self.logprob(i), top_logprobs=alts)
             yield StepEvent(None, "", None, "stop")  # the model's end-of-sequence token
         finally:
@@ -116,7 +119,7 @@ class SampledEngine(_Base):
         return self.WORDS[token_id]
 
     def generate(
-        self, prompt_ids: list[int], params: SamplingParams, top_logprobs: int
+        self, prompt_ids: list[int], params: SamplingParams, logprobs: int | None
     ) -> Iterator[StepEvent]:
         sampler = Sampler(params)
         for step in range(min(self.length, params.max_tokens)):

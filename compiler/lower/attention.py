@@ -46,10 +46,9 @@ def _lanes(d: int) -> int:
 
 
 def _attend(d: int, key_row, value_row):
-    """The shared core: attention of one query row over keys first .. first + n_keys - 1.
-    `key_row(where, j)` and
-    `value_row(where, j)` give the row of key j in the flattened K and V buffers (the kernel's
-    addressing; `where` carries what it needs)."""
+    """The shared core: query `row` of qf attends to keys first .. first + n_keys - 1 and writes
+    row `row` of the output and lse. `key_row(where, j)` and `value_row(where, j)` give key j's
+    row in the flattened K and V buffers (the kernel's addressing; `where` carries what it needs)."""
     vl = _lanes(d)
     chunks = d // vl
 
@@ -63,7 +62,7 @@ def _attend(d: int, key_row, value_row):
         return total
 
     @T.macro
-    def attend(qf, q_row, kf, vf, where, first, n_keys, scale, of, o_row, lse, lse_idx):
+    def attend(qf, kf, vf, of, lf, row, where, first, n_keys, scale):
         o = T.alloc_buffer((d,), "float32")
         krow = T.alloc_buffer((KEY_BLOCK,), "int32")
         vrow = T.alloc_buffer((KEY_BLOCK,), "int32")
@@ -82,9 +81,9 @@ def _attend(d: int, key_row, value_row):
                 vrow[jj] = value_row(where, j)
             for jj in T.serial(KEY_BLOCK):
                 if blk * KEY_BLOCK + jj < n_keys:
-                    dot[T.ramp(0, 1, vl)] = qf[q_row, at(0)] * kf[krow[jj], at(0)]
+                    dot[T.ramp(0, 1, vl)] = qf[row, at(0)] * kf[krow[jj], at(0)]
                     for c in T.unroll(1, chunks):
-                        dot[T.ramp(0, 1, vl)] = dot[T.ramp(0, 1, vl)] + qf[q_row, at(c)] * kf[krow[jj], at(c)]
+                        dot[T.ramp(0, 1, vl)] = dot[T.ramp(0, 1, vl)] + qf[row, at(c)] * kf[krow[jj], at(c)]
                     scores[jj] = hsum(dot) * scale
                     state[2] = T.max(state[2], scores[jj])
             # online softmax: fold this block into the running max/sum, rescale the output once
@@ -102,8 +101,8 @@ def _attend(d: int, key_row, value_row):
                         o[at(c)] = o[at(c)] + vf[vrow[jj], at(c)] * T.Broadcast(p, vl)
         inv = T.float32(1) / T.max(state[1], T.float32(1e-30))  # no keys: output 0, not NaN
         for c in T.unroll(chunks):
-            of[o_row, at(c)] = o[at(c)] * T.Broadcast(inv, vl)
-        lse[lse_idx] = state[0] + T.log2(T.max(state[1], T.float32(1e-30)))
+            of[row, at(c)] = o[at(c)] * T.Broadcast(inv, vl)
+        lf[row] = state[0] + T.log2(T.max(state[1], T.float32(1e-30)))
 
     return attend
 
@@ -113,10 +112,10 @@ def prefill_ragged(h_kv: int, h_q: int, d: int) -> tirx.PrimFunc:
     signature. K/V rows are [token, kv head]; a task's keys are one contiguous run of tokens."""
     group = h_q // h_kv
 
-    def row(where, j):  # where = (first key token, head)
+    def token_row(where, j):  # where = (first key token, head)
         return (where[0] + j) * h_kv + where[1] // group
 
-    attend = _attend(d, row, row)
+    attend = _attend(d, token_row, token_row)
 
     @T.prim_func(private=True)
     def attention_prefill_ragged(
@@ -162,7 +161,7 @@ def prefill_ragged(h_kv: int, h_q: int, d: int) -> tirx.PrimFunc:
                 n_kv = kv_indptr[b + 1] - kv_indptr[b]
                 n_keys = T.if_then_else(causal > 0, T.min(n_kv - n_q + qi + 1, n_kv), n_kv)
                 row = (q_indptr[b] + qi) * h_q + h
-                attend(qf, row, kf, vf, (kv_indptr[b], h), 0, n_keys, sm_scale * LOG2E, of, row, lf, row)
+                attend(qf, kf, vf, of, lf, row, (kv_indptr[b], h), 0, n_keys, sm_scale * LOG2E)
 
     return attention_prefill_ragged
 
@@ -213,7 +212,7 @@ def decode_paged(h_kv: int, h_q: int, d: int, sliding: bool) -> tirx.PrimFunc:
             n_pages = page_indptr[b + 1] - first
             n_keys = T.if_then_else(n_pages > 0, _kv_len(info, sliding, b, n_pages), 0)
             where = (page_values, first, info, b, h)
-            attend(qf, task, pf, pf, where, 0, n_keys, sm_scale * LOG2E, of, task, lf, task)
+            attend(qf, pf, pf, of, lf, task, where, 0, n_keys, sm_scale * LOG2E)
 
     return attention_decode_paged
 
@@ -269,17 +268,20 @@ def prefill_paged(h_kv: int, h_q: int, d: int, sliding: bool, window: int) -> ti
                 n_q = q_indptr[b + 1] - q_indptr[b]
                 n_pages = page_indptr[b + 1] - page_indptr[b]
                 n_kv = T.if_then_else(n_pages > 0, _kv_len(info, sliding, b, n_pages), 0)
-                # visible keys are one run [lo, hi) of the history
-                hi = T.if_then_else(causal > 0, T.min(n_kv - n_q + qi + 1, n_kv), n_kv)
-                lo = T.if_then_else(
-                    tirx.all(causal > 0, window > 0), T.max(n_kv - T.max(window - qi - 1, 0), 0), 0
-                )
-                hi = T.if_then_else(tirx.all(causal > 0, window > 0), n_kv, hi)
+                lo, hi = _visible(causal, window, n_kv, n_q, qi)
                 row = (q_indptr[b] + qi) * h_q + h
                 where = (page_values, page_indptr[b], info, b, h)
-                attend(qf, row, pf, pf, where, lo, T.max(hi - lo, 0), sm_scale * LOG2E, of, row, lf, row)
+                attend(qf, pf, pf, of, lf, row, where, lo, T.max(hi - lo, 0), sm_scale * LOG2E)
 
     return attention_prefill_paged
+
+
+def _visible(causal, window: int, n_kv, n_q, qi):
+    """The run [lo, hi) of history slots query qi of an n_q-token chunk sees (the stock masks)."""
+    if window > 0:  # sliding layers, causal: the last window - qi - 1 slots
+        lo = T.if_then_else(causal > 0, T.max(n_kv - T.max(window - qi - 1, 0), 0), 0)
+        return lo, n_kv
+    return 0, T.if_then_else(causal > 0, T.min(n_kv - n_q + qi + 1, n_kv), n_kv)
 
 
 def _paged_attend(h_kv: int, h_q: int, d: int, sliding: bool):

@@ -100,8 +100,9 @@ def kernel(out_features: int, in_features: int) -> tirx.PrimFunc:
        a register-tiled f32 GEMM over it: per k, two row-vectors of the panel times PANEL_TOKENS
        broadcast x values into 12 accumulators (one FMA per weight-vector load; no dequant in the
        inner loop). Qwen-0.5B's shapes at 512 tokens: 33-48 -> 114-139 GFLOP/s on 2 cores.
-    Decode reads ~6-8 GB/s of int4 weights on this 2-core VM, whose read roofline is ~10 GB/s
-    (the previous lane-rfactor schedule: ~2.9 GB/s).
+    Decode reads 6-14 GB/s of int4 weights by shape on this 2-core VM (the K=576 shapes, on 8-word
+    vectors, are the slowest), against 16-18 GB/s from `python -m bench.bandwidth` (the previous
+    lane-rfactor schedule: ~2.9 GB/s).
     """
     n_rows, words, groups = out_features, in_features // PER_WORD, in_features // GROUP
     vl = _vector_lanes(words)
