@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import functools
+import json
 from datetime import datetime
 from typing import Any
 
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from markupsafe import Markup
 
 
 class ChatTemplateError(ValueError):
     pass
+
+
+def _tojson(x: Any, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> Markup:
+    # transformers' tojson, not jinja2's: keys in the given order, no HTML escaping (tool schemas).
+    text = json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    return Markup(text)
 
 
 def _raise(message: str) -> None:
@@ -24,6 +32,7 @@ def _compile(source: str):
     env = ImmutableSandboxedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
     )
+    env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     return env.from_string(source)

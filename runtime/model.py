@@ -23,8 +23,10 @@ from tokenizers import Tokenizer
 from . import selftest
 from . import tvm_runtime as rt
 from .chat import render_chat
+from .decode import sample_tokens
 from .detokenizer import Detokenizer
-from .sampler import Sampler, SamplingParams, log_softmax
+from .grammar import Constraint, GrammarTokenizer
+from .sampler import SamplingParams
 from .stream import StepEvent
 
 __all__ = ["Model", "StepEvent"]
@@ -58,6 +60,8 @@ class Model:
         self.self_test: selftest.SelfTestResult | None = None
         self._kv = None
         self._kv_len = 0  # tokens of sequence 0 held in the cache
+        # llguidance's view of the tokenizer, for constrained decoding; built when first started.
+        self.grammar = GrammarTokenizer(m["tokenizer"], int(self.spec["vocab_size"]), self.stop_ids)
 
     # -- loading -------------------------------------------------------------------------
     @classmethod
@@ -105,14 +109,18 @@ class Model:
             ids = [self.bos_id, *ids]
         return ids
 
-    def chat_prompt(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
-        """Messages -> ids through the checkpoint's chat template."""
+    def chat_prompt(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **extra: Any
+    ) -> list[int]:
+        """Messages -> ids through the checkpoint's chat template; `extra` are template variables
+        (tools, enable_thinking)."""
         text = render_chat(
             self.chat_template,
             messages,
             add_generation_prompt=add_generation_prompt,
             bos_token=self.decode([self.bos_id]) if self.bos_id is not None else "",
             eos_token=self.decode([min(self.stop_ids)]) if self.stop_ids else "",
+            **extra,
         )
         return self.encode(text)
 
@@ -168,51 +176,35 @@ class Model:
 
     # -- generation ----------------------------------------------------------------------
     def generate(
-        self, prompt_ids: list[int], params: SamplingParams, logprobs: int | None = None
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        logprobs: int | None = None,
+        constraint: Constraint | None = None,
+        capture: bool = False,
     ) -> Iterator[StepEvent]:
-        """Stream tokens; the final event carries finish_reason and timings. `logprobs` k >= 0 puts
-        each token's log-probability on its event, with the k most likely alternatives; None skips
-        them (a full-vocabulary log-softmax per token: ~1.9 ms on Qwen's 152k vocabulary)."""
+        """Stream tokens; the final event carries finish_reason and timings (see `sample_tokens`)."""
         if not prompt_ids:
             raise ValueError("empty prompt")
-        sampler = Sampler(params)
         detok = Detokenizer(self.tokenizer, prompt_ids)
         t0 = time.perf_counter()
         logits = self.prefill(prompt_ids)
         t_prefill = time.perf_counter() - t0
         budget = min(params.max_tokens, self.context_length - len(prompt_ids))
-        n, finish = 0, "length"
         t1 = time.perf_counter()
-        while n < budget:
-            tok = sampler(logits)
-            if tok in self.stop_ids:
-                finish = "stop"
-                break
-            n += 1
-            if logprobs is None:
-                yield StepEvent(tok, detok.push(tok))
-            else:
-                lsm = log_softmax(logits)
-                yield StepEvent(tok, detok.push(tok), float(lsm[tok]), top_logprobs=_top(lsm, logprobs))
-            if n < budget:
-                logits = self.decode_step(tok)
-        t_decode = time.perf_counter() - t1
-        timings = {
-            "prompt_tokens": len(prompt_ids),
-            "completion_tokens": n,
-            "prefill_s": t_prefill,
-            "decode_s": t_decode,
-            "prefill_tok_s": len(prompt_ids) / t_prefill if t_prefill > 0 else 0.0,
-            "decode_tok_s": (n - 1) / t_decode if n > 1 and t_decode > 0 else 0.0,
-        }
-        yield StepEvent(None, detok.flush(), None, finish, timings)
-
-
-def _top(lsm: np.ndarray, k: int) -> tuple[tuple[int, float], ...]:
-    """The k most likely tokens, best first, ties by ascending id."""
-    if k <= 0:
-        return ()
-    k = min(k, lsm.size)
-    cand = np.argpartition(-lsm, k - 1)[:k]
-    cand = cand[np.lexsort((cand, -lsm[cand]))]
-    return tuple((int(t), float(lsm[t])) for t in cand)
+        for ev in sample_tokens(
+            logits, self.decode_step, budget, params, self.stop_ids, detok.push, logprobs, constraint, capture
+        ):
+            if ev.token_id is not None:
+                yield ev
+                continue
+            t_decode, n = time.perf_counter() - t1, ev.timings["completion_tokens"]
+            timings = {
+                "prompt_tokens": len(prompt_ids),
+                "completion_tokens": n,
+                "prefill_s": t_prefill,
+                "decode_s": t_decode,
+                "prefill_tok_s": len(prompt_ids) / t_prefill if t_prefill > 0 else 0.0,
+                "decode_tok_s": (n - 1) / t_decode if n > 1 and t_decode > 0 else 0.0,
+            }
+            yield StepEvent(None, detok.flush(), None, ev.finish_reason, timings)

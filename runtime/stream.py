@@ -19,6 +19,17 @@ from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
+class StepChoice:
+    """What a grammar left open at one step, for per-field confidence: the chosen token's
+    probability among the legal tokens (temperature 1), how many were legal, and, where few were,
+    each legal token's probability."""
+
+    legal: int
+    prob: float
+    options: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class StepEvent:
     """One generated token, or the end of the stream (token_id None, finish_reason set)."""
 
@@ -28,6 +39,7 @@ class StepEvent:
     finish_reason: str | None = None  # "stop" | "length"
     timings: dict[str, float] = field(default_factory=dict)
     top_logprobs: tuple[tuple[int, float], ...] = ()  # the most likely alternatives, best first
+    choice: StepChoice | None = None  # set when a grammar masked this step and capture was asked
 
 
 @dataclass(frozen=True)
@@ -48,11 +60,23 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class ToolCallDelta:
+    """A piece of one tool call: its first piece names it (id, name), later ones add arguments."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+
+@dataclass(frozen=True)
 class Delta:
     text: str
     logprobs: tuple[TokenLogprob, ...] = ()
     finish_reason: str | None = None  # set on the last delta only
     usage: Usage | None = None  # set on the last delta only
+    tool_calls: tuple[ToolCallDelta, ...] = ()
+    confidence: list[dict] | None = None  # goinfer_confidence records, on the last delta only
 
 
 class StopMatcher:
@@ -92,8 +116,12 @@ def text_deltas(
     stop: Sequence[str] = (),
     token_text: Callable[[int], str] = str,
     logprobs: bool = False,
+    end_at: Callable[[str], int | None] | None = None,
 ) -> Iterator[Delta]:
     """Fold token events into client-visible deltas (see the module docstring).
+
+    `end_at(text so far)` may end the reply like a stop string does, at the index it returns
+    (a complete bare tool call, say); the text after that index is dropped.
 
     completion_tokens counts every token the model produced as text, including those a stop string
     swallowed; the end-of-sequence token is not text and is not counted. `token_text` names a token
@@ -102,6 +130,7 @@ def text_deltas(
     matcher = StopMatcher(stop)
     pending: deque[tuple[int, int, TokenLogprob]] = deque()  # (start, end) of the token's text, entry
     produced = emitted = completion = 0
+    sofar = ""  # the whole text, kept only for end_at
     finish = "length"
     it = iter(events)
 
@@ -121,6 +150,12 @@ def text_deltas(
                 finish = ev.finish_reason or finish
             produced += len(ev.text)
             out, hit = matcher.push(ev.text)
+            if end_at is not None and not hit:
+                sofar += ev.text
+                cut_at = end_at(sofar)
+                if cut_at is not None:
+                    out, hit = sofar[emitted : max(cut_at, emitted)], True
+                    matcher.flush()
             if hit:
                 # Tokens whose text starts before the stop string belong to the reply; the rest do not.
                 cut = emitted + len(out)

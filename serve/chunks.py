@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from typing import Any
 
-from goinfer.runtime.stream import Delta, TokenLogprob, Usage
+from goinfer.runtime.stream import Delta, TokenLogprob, ToolCallDelta, Usage
 
 Chunk = dict[str, Any]
 
@@ -52,10 +52,12 @@ class ChunkBuilder(ABC):
 
     def step(self, d: Delta) -> list[Chunk]:
         out = []
-        if d.text or d.logprobs:
+        if d.text or d.logprobs or d.tool_calls:
             out.append(self._chunk([self._choice(d, None)]))
         if d.finish_reason is not None:
             out.append(self._chunk([self._choice(Delta(""), d.finish_reason)]))
+            if d.confidence is not None:  # goinfer's own event, after the finish chunk
+                out.append({"id": self.id, "goinfer_confidence": d.confidence})
             if self.include_usage and d.usage is not None:
                 out.append(self._chunk([], d.usage))  # OpenAI's last chunk: no choices, the usage
         return out
@@ -72,9 +74,21 @@ class ChatChunks(ChunkBuilder):
                               "finish_reason": None}])]  # fmt: skip
 
     def _choice(self, d: Delta, finish: str | None) -> dict[str, Any]:
-        delta = {"content": d.text} if finish is None else {}
+        delta: dict[str, Any] = {}
+        if finish is None and (d.text or not d.tool_calls):
+            delta["content"] = d.text
+        if d.tool_calls:
+            delta["tool_calls"] = [_tool_call(t) for t in d.tool_calls]
         lp = {"content": [_chat_logprob(e) for e in d.logprobs], "refusal": None} if d.logprobs else None
         return {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
+
+
+def _tool_call(t: ToolCallDelta) -> dict[str, Any]:
+    """OpenAI's streamed call piece: the first names the call, the rest carry argument text."""
+    if t.id is None:
+        return {"index": t.index, "function": {"arguments": t.arguments}}
+    fn = {"name": t.name, "arguments": t.arguments}
+    return {"index": t.index, "id": t.id, "type": "function", "function": fn}
 
 
 def _chat_logprob(e: TokenLogprob) -> dict[str, Any]:
@@ -108,35 +122,48 @@ class CompletionChunks(ChunkBuilder):
 def fold_chat(chunks: Iterable[Chunk], logprobs: bool) -> dict[str, Any]:
     """A chat.completion object from its stream."""
     head: Chunk | None = None
-    role, content, finish, usage = "assistant", [], None, None
+    role, content, finish, usage, confidence = "assistant", [], None, None, None
     lps: list[dict[str, Any]] = []
+    calls: dict[int, dict[str, Any]] = {}
     for c in chunks:
         head = head or c
         usage = c.get("usage") or usage
-        for ch in c["choices"]:
+        confidence = c.get("goinfer_confidence", confidence)
+        for ch in c.get("choices", ()):
             role = ch["delta"].get("role", role)
             content.append(ch["delta"].get("content") or "")
+            for t in ch["delta"].get("tool_calls", ()):
+                call = calls.setdefault(t["index"], {"id": None, "type": "function", "function": {}})
+                call["id"] = t.get("id") or call["id"]
+                fn = call["function"]
+                fn["name"] = t["function"].get("name") or fn.get("name")
+                fn["arguments"] = fn.get("arguments", "") + t["function"].get("arguments", "")
             lps += (ch.get("logprobs") or {}).get("content") or []
             finish = ch["finish_reason"] or finish
     assert head is not None, "a stream always has its first chunk"
+    text = "".join(content)
+    message: dict[str, Any] = {"role": role, "content": text if text or not calls else None, "refusal": None}
+    if calls:
+        message["tool_calls"] = [calls[i] for i in sorted(calls)]
     choice = {
         "index": 0,
-        "message": {"role": role, "content": "".join(content), "refusal": None},
+        "message": message,
         "logprobs": {"content": lps, "refusal": None} if logprobs else None,
         "finish_reason": finish,
     }
-    return _reply(head, "chat.completion", choice, usage)
+    return _reply(head, "chat.completion", choice, usage, confidence)
 
 
 def fold_completion(chunks: Iterable[Chunk], logprobs: bool) -> dict[str, Any]:
     """A text_completion object from its stream."""
     head: Chunk | None = None
-    text, finish, usage = [], None, None
+    text, finish, usage, confidence = [], None, None, None
     lp: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     for c in chunks:
         head = head or c
         usage = c.get("usage") or usage
-        for ch in c["choices"]:
+        confidence = c.get("goinfer_confidence", confidence)
+        for ch in c.get("choices", ()):
             text.append(ch["text"])
             for k, v in (ch.get("logprobs") or {}).items():
                 lp[k] += v
@@ -148,11 +175,11 @@ def fold_completion(chunks: Iterable[Chunk], logprobs: bool) -> dict[str, Any]:
         "logprobs": lp if logprobs else None,
         "finish_reason": finish,
     }
-    return _reply(head, "text_completion", choice, usage)
+    return _reply(head, "text_completion", choice, usage, confidence)
 
 
-def _reply(head: Chunk, obj: str, choice: dict[str, Any], usage: Any) -> dict[str, Any]:
-    return {
+def _reply(head: Chunk, obj: str, choice: dict[str, Any], usage: Any, confidence: Any) -> dict[str, Any]:
+    reply = {
         "id": head["id"],
         "object": obj,
         "created": head["created"],
@@ -160,3 +187,6 @@ def _reply(head: Chunk, obj: str, choice: dict[str, Any], usage: Any) -> dict[st
         "choices": [choice],
         "usage": usage,
     }
+    if confidence is not None:
+        reply["goinfer_confidence"] = confidence
+    return reply

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from goinfer.runtime.grammar import Constraint, GrammarTokenizer
 from goinfer.runtime.sampler import SamplingParams
 from goinfer.runtime.stream import StepEvent
 
@@ -26,13 +27,16 @@ class ModelInfo:
     family: str = ""
     vocab_size: int = 0  # token ids a completions prompt may use (0: unchecked)
     vision: bool = False  # no model here accepts image parts yet
+    chat_template: str = ""  # the checkpoint's own (it decides the tool-call format)
 
 
 class Engine(Protocol):
     info: ModelInfo
+    grammar: GrammarTokenizer | None  # None: no grammar-constrained decoding on this engine
 
-    def chat_ids(self, messages: list[dict[str, Any]]) -> list[int]:
-        """Messages -> prompt ids through the model's own chat template, generation prompt added."""
+    def chat_ids(self, messages: list[dict[str, Any]], **template_vars: Any) -> list[int]:
+        """Messages -> prompt ids through the model's own chat template, generation prompt added;
+        `template_vars` are extra template variables (tools, enable_thinking)."""
         ...
 
     def text_ids(self, text: str) -> list[int]:
@@ -42,10 +46,16 @@ class Engine(Protocol):
     def token_text(self, token_id: int) -> str: ...
 
     def generate(
-        self, prompt_ids: list[int], params: SamplingParams, logprobs: int | None
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        logprobs: int | None,
+        constraint: Constraint | None = None,
+        capture: bool = False,
     ) -> Iterator[StepEvent]:
         """Token events as runtime.model.Model.generate yields them (the final one has finish_reason);
-        `logprobs` None: no log-probabilities, k: each token's and its k top alternatives."""
+        `logprobs` None: no log-probabilities, k: each token's and its k top alternatives;
+        `constraint` masks every step; `capture` records masked steps' choices."""
         ...
 
     def close(self) -> None:

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from goinfer.runtime.grammar import Constraint, GrammarTokenizer
 from goinfer.runtime.model import Model
 from goinfer.runtime.sampler import SamplingParams
 from goinfer.runtime.stream import StepEvent
@@ -29,7 +30,10 @@ class ModelEngine:
             prefill_path=f"{where} {quant} prefill (chunks of {model.max_prefill_chunk} tokens)",
             family=str(m.get("family", "")),
             vocab_size=int(model.spec.get("vocab_size", 0)),
+            chat_template=model.chat_template,
         )
+        # llguidance's tokenizer view takes ~1.7 s for a 152k vocabulary: built now, off the request path.
+        self.grammar: GrammarTokenizer | None = model.grammar.start()
 
     @classmethod
     def load(cls, path: str | Path, self_test: bool | None = None) -> ModelEngine:
@@ -40,8 +44,8 @@ class ModelEngine:
             raise RuntimeError("model was unloaded")
         return self.model
 
-    def chat_ids(self, messages: list[dict[str, Any]]) -> list[int]:
-        return self._model().chat_prompt(messages, add_generation_prompt=True)
+    def chat_ids(self, messages: list[dict[str, Any]], **template_vars: Any) -> list[int]:
+        return self._model().chat_prompt(messages, add_generation_prompt=True, **template_vars)
 
     def text_ids(self, text: str) -> list[int]:
         return self._model().encode(text)
@@ -50,10 +54,16 @@ class ModelEngine:
         return self._model().decode([token_id])
 
     def generate(
-        self, prompt_ids: list[int], params: SamplingParams, logprobs: int | None
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        logprobs: int | None,
+        constraint: Constraint | None = None,
+        capture: bool = False,
     ) -> Iterator[StepEvent]:
-        return self._model().generate(prompt_ids, params, logprobs)
+        return self._model().generate(prompt_ids, params, logprobs, constraint, capture)
 
     def close(self) -> None:
         # The last reference to the weights, kernels and KV cache goes; the mapping is freed with it.
         self.model = None
+        self.grammar = None

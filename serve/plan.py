@@ -6,20 +6,64 @@ never half a stream.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from goinfer.runtime.confidence import Step, field_confidence
+from goinfer.runtime.grammar import Constraint, GrammarConstraint
 from goinfer.runtime.sampler import SamplingParams
-from goinfer.runtime.stream import Delta, text_deltas
+from goinfer.runtime.stream import Delta, StepEvent, text_deltas
 
 from .engine import Engine
 from .errors import bad_request, unsupported
 from .schemas import ChatMessage, ChatRequest, CompletionRequest, SamplingRequest
+from .structured import Structured, confidence_schema
+from .structured import response_format as response_format_grammar
+from .tools import ToolPlan, plan_tools
+from .tools.stream import tool_deltas
 
 # OpenAI's documented defaults where the request leaves a knob out.
 DEFAULT_TEMPERATURE = 1.0
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # /v1/completions; chat defaults to the rest of the window
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What constrains a reply: a response format's grammar or tools (not both), and whether
+    per-field confidence is captured (the schema it reads field kinds from)."""
+
+    structured: Structured | None = None
+    tools: ToolPlan | None = None
+    confidence: dict[str, Any] | None = None
+
+    def template_vars(self) -> dict[str, Any]:
+        out = self.tools.template_vars() if self.tools else {}
+        if self.structured is not None or (self.tools is not None and self.tools.forced):
+            out["enable_thinking"] = False  # constrained from token 1: no open <think> block
+        return out
+
+
+def rules(
+    engine: Engine,
+    response_format: dict[str, Any] | None,
+    confidence: bool,
+    tools: list[dict[str, Any]] | None = None,
+    tool_choice: Any = None,
+    parallel_tool_calls: bool | None = None,
+) -> Rules:
+    """The request's constraints, checked (every 400 here comes before any prefill)."""
+    plan = plan_tools(tools, tool_choice, parallel_tool_calls, engine.info.chat_template)
+    fmt = response_format_grammar(response_format)
+    schema = confidence_schema(confidence, fmt, bool(tools))
+    if plan is not None and fmt is not None:
+        raise unsupported(
+            "tools with a JSON response_format in one request is not supported", "response_format"
+        )
+    if (plan is not None or fmt is not None) and engine.grammar is None:
+        what = "tools" if plan is not None else "response_format"
+        raise unsupported(f"{what}: this model cannot run grammar-constrained decoding", what)
+    return Rules(fmt, plan, schema)
 
 
 @dataclass(frozen=True)
@@ -29,11 +73,68 @@ class Plan:
     stops: tuple[str, ...]
     logprobs: bool
     top_logprobs: int
+    rules: Rules = field(default_factory=Rules)
+
+    @property
+    def tools(self) -> ToolPlan | None:
+        return self.rules.tools
+
+    @property
+    def confidence(self) -> dict[str, Any] | None:
+        return self.rules.confidence
 
     def deltas(self, engine: Engine) -> Iterator[Delta]:
         """The one generation path: the engine's token events folded into client deltas."""
-        events = engine.generate(self.prompt_ids, self.params, self.top_logprobs if self.logprobs else None)
-        return text_deltas(events, len(self.prompt_ids), self.stops, engine.token_text, self.logprobs)
+        capture = self.confidence is not None
+        events = engine.generate(
+            self.prompt_ids,
+            self.params,
+            self.top_logprobs if self.logprobs else None,
+            constraint=self._constraint(engine),
+            capture=capture,
+        )
+        steps: list[StepEvent] = []
+        if capture:
+            events = _recorded(events, steps)
+        end_at = self.tools.reply_end if self.tools is not None else None
+        out = text_deltas(events, len(self.prompt_ids), self.stops, engine.token_text, self.logprobs, end_at)
+        if self.tools is not None:
+            out = tool_deltas(out, self.tools.fmt, self.tools.names)
+        if self.confidence is not None:
+            out = _with_confidence(out, steps, self.confidence, engine.token_text)
+        return out
+
+    def _constraint(self, engine: Engine) -> Constraint | None:
+        tok = engine.grammar
+        if tok is None:
+            return None  # refused before planning (see `needs_grammar`)
+        if self.tools is not None:
+            return self.tools.constraint(tok, engine.token_text)
+        if self.rules.structured is not None:
+            return GrammarConstraint(tok.matcher(self.rules.structured.grammar), tok.vocab_size)
+        return None
+
+
+def _recorded(events: Iterable[StepEvent], into: list[StepEvent]) -> Iterator[StepEvent]:
+    for ev in events:
+        into.append(ev)
+        yield ev
+
+
+def _with_confidence(
+    deltas: Iterable[Delta], steps: list[StepEvent], schema: dict[str, Any], token_text
+) -> Iterator[Delta]:
+    for d in deltas:
+        if d.finish_reason is None:
+            yield d
+            continue
+        spans, pos = [], 0
+        for ev in steps:
+            if ev.token_id is not None:
+                spans.append(Step(pos, pos + len(ev.text), ev.token_id, ev.choice))
+            pos += len(ev.text)
+        text = "".join(ev.text for ev in steps)
+        yield replace(d, confidence=field_confidence(schema, text, spans, token_text))
 
 
 def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
@@ -81,11 +182,6 @@ def refuse_unsupported(req: SamplingRequest) -> None:
         raise bad_request(f"n={req.n}: only n=1 is supported", param="n")
     if req.logit_bias:
         raise unsupported("logit_bias is not supported", "logit_bias")
-    if isinstance(req, ChatRequest):
-        if req.tools:
-            raise unsupported("tools are not supported yet", "tools")
-        if req.response_format and req.response_format.get("type", "text") != "text":
-            raise unsupported("response_format other than text is not supported yet", "response_format")
     if isinstance(req, CompletionRequest):
         if req.echo:
             raise unsupported("echo is not supported", "echo")
@@ -107,7 +203,13 @@ def completion_prompt(req: CompletionRequest) -> str | list[int]:
     return p  # type: ignore[return-value]
 
 
-def make_plan(req: SamplingRequest, prompt_ids: list[int], name: str, context_window: int) -> Plan:
+def make_plan(
+    req: SamplingRequest,
+    prompt_ids: list[int],
+    name: str,
+    context_window: int,
+    constraints: Rules | None = None,
+) -> Plan:
     """Check the prompt and budget against the window; fill the defaults."""
     n = len(prompt_ids)
     if n >= context_window:
@@ -147,4 +249,4 @@ def make_plan(req: SamplingRequest, prompt_ids: list[int], name: str, context_wi
         presence_penalty=req.presence_penalty or 0.0,
         max_tokens=asked if asked is not None else default,  # Model.generate also stops at the window
     )
-    return Plan(prompt_ids, params, req.stops, logprobs, top)
+    return Plan(prompt_ids, params, req.stops, logprobs, top, constraints or Rules())

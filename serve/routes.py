@@ -19,6 +19,7 @@ from .keys import CAPS, CONFIG, REGISTRY, STARTED
 from .registry import ModelSlot
 from .respond import respond
 from .schemas import ChatRequest, CompletionRequest, parse
+from .tools import prepare_messages
 
 routes = web.RouteTableDef()
 
@@ -51,9 +52,19 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     req: ChatRequest = parse(ChatRequest, await read_body(request, app[CAPS].text))
     planning.refuse_unsupported(req)
     slot = app[REGISTRY].route(req.model)
-    messages = planning.chat_messages(list(req.messages))
-    ids = await _prompt_ids(slot, slot.engine.chat_ids, messages)
-    job = planning.make_plan(req, ids, slot.name, slot.engine.info.context_window)
+    rules = planning.rules(
+        slot.engine,
+        req.response_format,
+        req.goinfer_confidence,
+        req.tools,
+        req.tool_choice,
+        req.parallel_tool_calls,
+    )
+    messages = prepare_messages(
+        planning.chat_messages(list(req.messages)), rules.tools, slot.engine.info.chat_template
+    )
+    ids = await _prompt_ids(slot, partial(slot.engine.chat_ids, **rules.template_vars()), messages)
+    job = planning.make_plan(req, ids, slot.name, slot.engine.info.context_window, rules)
     builder = ChatChunks(slot.name, include_usage=req.include_usage or not req.stream)
     return await _run(request, slot, job, builder, req.stream, partial(fold_chat, logprobs=job.logprobs))
 
@@ -64,6 +75,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     req: CompletionRequest = parse(CompletionRequest, await read_body(request, app[CAPS].text))
     planning.refuse_unsupported(req)
     slot = app[REGISTRY].route(req.model)
+    rules = planning.rules(slot.engine, req.response_format, req.goinfer_confidence)
     prompt = planning.completion_prompt(req)
     if isinstance(prompt, str):
         ids = await _prompt_ids(slot, slot.engine.text_ids, prompt)
@@ -74,7 +86,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
                 f"prompt: token id {max(prompt)} is outside the vocabulary (size {vocab})", "prompt"
             )
         ids = list(prompt)
-    job = planning.make_plan(req, ids, slot.name, slot.engine.info.context_window)
+    job = planning.make_plan(req, ids, slot.name, slot.engine.info.context_window, rules)
     builder = CompletionChunks(slot.name, include_usage=req.include_usage or not req.stream)
     return await _run(
         request, slot, job, builder, req.stream, partial(fold_completion, logprobs=job.logprobs)

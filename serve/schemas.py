@@ -31,6 +31,8 @@ class ChatMessage(BaseModel):
     role: Role
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
 
 
 class StreamOptions(_Body):
@@ -55,6 +57,8 @@ class SamplingRequest(_Body):
     stream_options: StreamOptions | None = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+    response_format: dict[str, Any] | None = None
+    goinfer_confidence: bool = False  # per-field confidence of a json_schema reply
 
     @property
     def stops(self) -> tuple[str, ...]:
@@ -74,7 +78,7 @@ class ChatRequest(SamplingRequest):
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
-    response_format: dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
 
 
 TokenIds = list[Annotated[int, Field(ge=0)]]

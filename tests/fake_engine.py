@@ -8,6 +8,7 @@ tokens through the real runtime sampler over fixed pseudo-random logits, to chec
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -45,8 +46,10 @@ class _Base:
         self.yielded = 0
         self.closed = False
 
-    def chat_ids(self, messages: list[dict[str, Any]]) -> list[int]:
-        self.messages = messages
+    grammar = None  # no grammar-constrained decoding (GrammarEngine has it)
+
+    def chat_ids(self, messages: list[dict[str, Any]], **template_vars: Any) -> list[int]:
+        self.messages, self.template_vars = messages, template_vars
         return self.text_ids(render(messages))
 
     def text_ids(self, text: str) -> list[int]:
@@ -78,8 +81,14 @@ class ScriptedEngine(_Base):
         return -0.25 * (i + 1)
 
     def generate(
-        self, prompt_ids: list[int], params: SamplingParams, logprobs: int | None
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        logprobs: int | None,
+        constraint: Any = None,
+        capture: bool = False,
     ) -> Iterator[StepEvent]:
+        assert constraint is None, "ScriptedEngine has no grammar: the server must not constrain it"
         self.params.append(params)
         self.started.set()
         try:
@@ -119,10 +128,118 @@ class SampledEngine(_Base):
         return self.WORDS[token_id]
 
     def generate(
-        self, prompt_ids: list[int], params: SamplingParams, logprobs: int | None
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        logprobs: int | None,
+        constraint: Any = None,
+        capture: bool = False,
     ) -> Iterator[StepEvent]:
+        assert constraint is None
         sampler = Sampler(params)
         for step in range(min(self.length, params.max_tokens)):
             tok = sampler(self.logits[step])
             yield StepEvent(tok, self.WORDS[tok], -1.0)
         yield StepEvent(None, "", None, "length")
+
+
+SPECIAL = ("<eos>",)
+ADDED = ("<tool_call>", "</tool_call>", "[TOOL_CALLS]", "<|python_tag|>")
+
+
+@functools.lru_cache(maxsize=1)
+def byte_tokenizer_json() -> str:
+    """A real tokenizers JSON: one token per byte (byte-level BPE, no merges), a few multi-byte
+    words, the tool-call openers as added tokens (as Qwen has them) and an <eos>."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
+    for word in ("Ġthe", "Ġweather", "Ġis", "Ġsunny", "name", "arguments"):
+        vocab[word] = len(vocab)
+    merges = [("Ġ", "t"), ("Ġt", "h"), ("Ġth", "e")]
+    vocab.update({"Ġt": len(vocab), "Ġth": len(vocab) + 1})
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED])
+    tok.add_special_tokens([AddedToken(t, special=True) for t in SPECIAL])
+    return tok.to_str()
+
+
+class GrammarEngine(_Base):
+    """A fake model over a real tokenizer and the real decode loop (runtime.decode), so grammar
+    masks, tool-call constraints and confidence capture run exactly as on a bundle.
+
+    Its logits follow `script` (the text it "wants" to write, one best-matching token at a time)
+    with seeded noise; where a grammar forbids the script's token, the noise picks a legal one.
+    """
+
+    def __init__(self, script: str = "Hello!", context_window: int = 4096, noise: float = 1.0, seed: int = 0):
+        from goinfer.runtime.grammar import GrammarTokenizer
+        from tokenizers import Tokenizer
+
+        self.tok = Tokenizer.from_str(byte_tokenizer_json())
+        vocab = self.tok.get_vocab_size()
+        super().__init__(context_window, vocab)
+        self.eos = self.tok.token_to_id("<eos>")
+        self.grammar = GrammarTokenizer(byte_tokenizer_json(), vocab, [self.eos]).start()
+        self.script, self.noise, self.seed = script, noise, seed
+        self.texts = [self.tok.decode([i], skip_special_tokens=False) for i in range(vocab)]
+        self.constrained: list[bool] = []
+
+    def text_ids(self, text: str) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=False).ids or [0]
+
+    def token_text(self, token_id: int) -> str:
+        return self.texts[token_id]
+
+    def _logits(self, pos: int, rng: np.random.Generator) -> np.ndarray:
+        z = rng.normal(size=len(self.texts)) * self.noise
+        rest = self.script[pos:]
+        if not rest:
+            z[self.eos] += 20.0
+            return z.astype(np.float32)
+        best = max(
+            (i for i, t in enumerate(self.texts) if t and rest.startswith(t) and i != self.eos),
+            key=lambda i: len(self.texts[i]),
+        )
+        z[best] += 20.0
+        return z.astype(np.float32)
+
+    def generate(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        logprobs: int | None,
+        constraint: Any = None,
+        capture: bool = False,
+    ) -> Iterator[StepEvent]:
+        from goinfer.runtime.decode import sample_tokens
+        from goinfer.runtime.detokenizer import Detokenizer
+
+        self.params.append(params)
+        self.constrained.append(constraint is not None)
+        rng = np.random.default_rng(self.seed)
+        pos = 0
+
+        def step(tok: int) -> np.ndarray:
+            nonlocal pos
+            if self.script.startswith(self.texts[tok], pos):  # on script; off it, it still wants the rest
+                pos += len(self.texts[tok])
+            return self._logits(pos, rng)
+
+        budget = min(params.max_tokens, self.info.context_window - len(prompt_ids))
+        detok = Detokenizer(self.tok, prompt_ids)  # as Model.generate: whole characters only
+        for ev in sample_tokens(
+            self._logits(0, rng),
+            step,
+            budget,
+            params,
+            frozenset([self.eos]),
+            detok.push,
+            logprobs,
+            constraint,
+            capture,
+        ):
+            yield ev if ev.token_id is not None else StepEvent(None, detok.flush(), None, ev.finish_reason)

@@ -94,10 +94,10 @@ BAD = [
     ("unknown model", "chat", {"model": "gpt-9", "messages": HELLO}, 404, "model", "model_not_found"),
     ("over-context prompt", "chat", {"model": "fake", "messages": LONG}, 400, "messages",
      "context_length_exceeded"),
-    ("tools", "chat", chat(tools=[{"type": "function", "function": {"name": "f"}}]), 422, "tools",
-     "unsupported_parameter"),
-    ("json response_format", "chat", chat(response_format={"type": "json_object"}), 422, "response_format",
-     "unsupported_parameter"),
+    ("tools, engine without grammar", "chat", chat(tools=[{"type": "function", "function": {"name": "f"}}]),
+     422, "tools", "unsupported_parameter"),
+    ("json response_format, engine without grammar", "chat", chat(response_format={"type": "json_object"}),
+     422, "response_format", "unsupported_parameter"),
     ("completions: no prompt", "completions", {"model": "fake"}, 400, "prompt", None),
     ("completions: two prompts", "completions", {"model": "fake", "prompt": ["a", "b"]}, 400, "prompt", None),
     ("completions: token id out of vocab", "completions", {"model": "fake", "prompt": [1, 5000]}, 400,
@@ -365,7 +365,7 @@ async def test_chat_messages_roles_parts_and_developer(aiohttp_client):
             "role": "user",
             "content": [{"type": "text", "text": "part one"}, {"type": "text", "text": "part two"}],
         },
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function"}]},
+        {"role": "assistant", "content": None, "tool_calls": [CALL]},
         {"role": "tool", "content": "42", "tool_call_id": "c1"},
     ]
     assert (
@@ -374,9 +374,13 @@ async def test_chat_messages_roles_parts_and_developer(aiohttp_client):
     assert engine.messages == [
         {"role": "system", "content": "new rules"},  # developer is system; the last system wins
         {"role": "user", "content": "part one\npart two"},
-        {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function"}]},
-        {"role": "tool", "content": "42", "tool_call_id": "c1"},
+        # the fake template renders no tools: calls and results replay as Hermes text (the fallback)
+        {"role": "assistant", "content": '\n<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>'},
+        {"role": "user", "content": "<tool_response>\n42\n</tool_response>"},
     ]
+
+
+CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}
 
 
 async def test_a_seed_reproduces_through_the_server(aiohttp_client):

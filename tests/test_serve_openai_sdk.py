@@ -7,15 +7,10 @@ this process too, so greedy replies and token counts are checked exactly, not ju
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 
 import pytest
+from serve_process import serving
 
 pytestmark = pytest.mark.slow
 openai = pytest.importorskip("openai")
@@ -25,27 +20,6 @@ NAME = "smollm2"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_healthy(proc: subprocess.Popen, url: str, timeout: float = 180.0) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            raise AssertionError(f"goinfer serve exited with {proc.returncode}: {proc.stdout.read()}")
-        try:
-            req = urllib.request.Request(url, headers={"Authorization": f"Bearer {KEY}"})
-            with urllib.request.urlopen(req, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.2)
-    raise AssertionError("goinfer serve did not come up")
-
-
 @pytest.fixture(scope="module")
 def bundle(real_bundle):
     return real_bundle("smollm2-135m", "int4")
@@ -53,16 +27,8 @@ def bundle(real_bundle):
 
 @pytest.fixture(scope="module")
 def server(bundle) -> Iterator[str]:
-    port = _free_port()
-    cmd = [sys.executable, "-m", "goinfer.cli.main", "serve", "--model", f"{NAME}={bundle}"]
-    cmd += ["--addr", f"127.0.0.1:{port}", "--api-key", KEY, "--max-queue", "4"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=os.environ)
-    try:
-        _wait_healthy(proc, f"http://127.0.0.1:{port}/health")
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    with serving(NAME, bundle, KEY, "--max-queue", "4") as url:
+        yield f"{url}/v1"
 
 
 @pytest.fixture(scope="module")

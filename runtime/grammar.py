@@ -1,0 +1,237 @@
+"""Grammar-constrained decoding with llguidance: a mask over the vocabulary at every step.
+
+- `GrammarTokenizer` wraps the bundle's tokenizers JSON for llguidance. Building it walks the whole
+  vocabulary (~1.7 s for Qwen's 152k tokens), so a model builds it once, in the background.
+- `compile_json_schema` / `compile_lark` turn a request into a grammar string and refuse a bad one
+  with a message (the server's 400, sent before any prefill). A compiled matcher is cached per
+  grammar; each request runs on a copy of it (~10 µs).
+- `Constraint` is what the decode loop talks to: `allowed()` (a boolean mask, or None while
+  unconstrained), `advance(token)`, `finished`. `GrammarConstraint` masks from the first token;
+  `TriggeredConstraint` lets the model write freely until it emits an opener (a tool-call tag),
+  then constrains what follows: a reply that never opens one decodes exactly as without it.
+
+Measured on Qwen2.5-0.5B's vocabulary: a mask takes 20–300 µs (1.7 ms the first time a free string
+is entered), next to a ~30 ms decode step.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
+
+import llguidance
+import numpy as np
+
+# Compact, fixed separators: with free whitespace a small model can pad a reply with newlines
+# until max_tokens runs out.
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+class GrammarError(ValueError):
+    """The schema or grammar cannot be compiled; the message says why."""
+
+
+def compile_json_schema(schema: dict[str, Any] | bool) -> str:
+    """A JSON schema -> an llguidance grammar (validated)."""
+    if schema is True or schema == {}:
+        schema = {}
+    if not isinstance(schema, dict):
+        raise GrammarError("the schema must be a JSON object")
+    try:
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+    except ValueError as e:
+        raise GrammarError(str(e)) from None
+    return _validated(grammar)
+
+
+def compile_lark(lark: str) -> str:
+    return _validated(llguidance.LLMatcher.grammar_from_lark(lark))
+
+
+def lark_literal(text: str, tok: llguidance.LLTokenizer | None = None) -> str:
+    """`text` as a lark expression. With a tokenizer, pieces that are special tokens for it (a
+    tool-call tag often is) become token references `<[id]>`: no quoted string can match those."""
+    if not text:
+        return ""
+    if tok is None:
+        return json.dumps(text)
+    parts: list[str] = []
+    run = b""
+    for t in tok.tokenize_str(text):
+        if tok.is_special_token(t):
+            if run:
+                parts.append(json.dumps(run.decode("utf-8", "replace")))
+                run = b""
+            parts.append(f"<[{t}]>")
+        else:
+            run += tok.decode_bytes([t])
+    if run:
+        parts.append(json.dumps(run.decode("utf-8", "replace")))
+    return " ".join(parts)
+
+
+def json_in_lark(schema: dict[str, Any]) -> str:
+    """A JSON schema as a lark rule body (`%json{...}`), with our separators."""
+    return "%json" + json.dumps({**schema, "x-guidance": JSON_OPTIONS}, separators=(",", ":"))
+
+
+@functools.lru_cache(maxsize=256)
+def _validated(grammar: str) -> str:
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+    if is_error:
+        raise GrammarError(_first_line(messages[0]))
+    return grammar
+
+
+def _first_line(message: str) -> str:
+    lines = [ln.strip() for ln in message.strip().splitlines() if ln.strip()]
+    return " ".join(lines[:3]) if lines else "invalid grammar"
+
+
+class GrammarTokenizer:
+    """llguidance's view of a bundle's tokenizer, built on a background thread at most once."""
+
+    def __init__(self, tokenizer_json: str, vocab_size: int, stop_ids: Iterable[int]):
+        self.vocab_size = vocab_size
+        self._args = (tokenizer_json, vocab_size, sorted(stop_ids))
+        self._tok: llguidance.LLTokenizer | None = None
+        self._error: Exception | None = None
+        self._ready = threading.Event()
+        self._lock = threading.Lock()
+        self._started = False
+        self._matchers: dict[str, llguidance.LLMatcher] = {}
+
+    def start(self) -> GrammarTokenizer:
+        with self._lock:
+            if not self._started:
+                self._started = True
+                threading.Thread(target=self._build, name="grammar-tokenizer", daemon=True).start()
+        return self
+
+    def _build(self) -> None:
+        try:
+            text, n, stops = self._args
+            self._tok = llguidance.LLTokenizer(text, n_vocab=n, eos_token=stops)
+        except Exception as e:  # surfaced to the first request that needs it
+            self._error = e
+        finally:
+            self._ready.set()
+
+    def get(self) -> llguidance.LLTokenizer:
+        self.start()
+        self._ready.wait()
+        if self._tok is None:
+            raise GrammarError(f"this model's tokenizer cannot drive a grammar: {self._error}")
+        return self._tok
+
+    def matcher(self, grammar: str) -> llguidance.LLMatcher:
+        """A fresh matcher for `grammar`: a copy of the cached compiled one."""
+        tok = self.get()
+        with self._lock:
+            base = self._matchers.get(grammar)
+            if base is None:
+                base = llguidance.LLMatcher(tok, grammar, log_level=0)
+                if base.is_error():
+                    raise GrammarError(_first_line(base.get_error()))
+                if len(self._matchers) >= 64:
+                    self._matchers.pop(next(iter(self._matchers)))
+                self._matchers[grammar] = base
+            return base.deep_copy()
+
+
+class Constraint(Protocol):
+    def allowed(self) -> np.ndarray | None:
+        """Boolean mask over the vocabulary for the next token, or None when anything goes."""
+        ...
+
+    def advance(self, token_id: int) -> None: ...
+
+    @property
+    def finished(self) -> bool:
+        """The grammar is complete: generation ends here."""
+        ...
+
+
+def _mask_of(matcher: llguidance.LLMatcher, vocab: int) -> np.ndarray:
+    bits = np.unpackbits(np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8), bitorder="little")
+    mask = np.zeros(vocab, dtype=bool)
+    n = min(vocab, bits.size)
+    mask[:n] = bits[:n].astype(bool)
+    return mask
+
+
+class GrammarConstraint:
+    """Every token is checked by the grammar, from the first one."""
+
+    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int):
+        self.m, self.vocab = matcher, vocab_size
+
+    def allowed(self) -> np.ndarray:
+        mask = _mask_of(self.m, self.vocab)
+        if not mask.any():  # an error state (cannot happen when only masked tokens are fed)
+            raise GrammarError(f"grammar dead end: {self.m.get_error() or 'no token is allowed'}")
+        return mask
+
+    def advance(self, token_id: int) -> None:
+        if not self.m.consume_token(token_id):
+            raise GrammarError(f"grammar refused token {token_id}: {self.m.get_error()}")
+
+    @property
+    def finished(self) -> bool:
+        return self.m.is_stopped()
+
+
+class TriggeredConstraint:
+    """Free text until the generated text ends with `opener` at a token boundary, then `grammar`.
+
+    `make` builds the grammar's constraint when the opener appears. A reply that never writes the
+    opener is never masked (same tokens, same speed as with no constraint).
+    """
+
+    def __init__(self, opener: str, make: Callable[[], GrammarConstraint], token_text: Callable[[int], str]):
+        self.opener, self.make, self.token_text = opener, make, token_text
+        self.tail = ""  # the last few characters written, enough to see the opener
+        self.inner: GrammarConstraint | None = None
+
+    def allowed(self) -> np.ndarray | None:
+        return self.inner.allowed() if self.inner is not None else None
+
+    def advance(self, token_id: int) -> None:
+        if self.inner is not None:
+            self.inner.advance(token_id)
+            return
+        self.tail = (self.tail + self.token_text(token_id))[-4 * len(self.opener) :]
+        if self.tail.endswith(self.opener):
+            self.inner = self.make()
+
+    @property
+    def finished(self) -> bool:
+        return self.inner is not None and self.inner.finished
+
+
+class PrefixedConstraint:
+    """Fixed tokens first (a tool-call opener, which may be a special token no grammar text can
+    spell), then `inner` from the next token on."""
+
+    def __init__(self, prefix_ids: list[int], inner: GrammarConstraint, vocab_size: int):
+        self.prefix, self.inner, self.vocab = list(prefix_ids), inner, vocab_size
+
+    def allowed(self) -> np.ndarray:
+        if self.prefix:
+            mask = np.zeros(self.vocab, dtype=bool)
+            mask[self.prefix[0]] = True
+            return mask
+        return self.inner.allowed()
+
+    def advance(self, token_id: int) -> None:
+        if self.prefix:
+            self.prefix.pop(0)
+        else:
+            self.inner.advance(token_id)
+
+    @property
+    def finished(self) -> bool:
+        return not self.prefix and self.inner.finished

@@ -1,0 +1,210 @@
+"""Tool calling: the request's tools and tool_choice, the prompt, the constraint, the parser.
+
+- `plan_tools` reads `tools` / `tool_choice` (400 on a bad schema or an unknown named tool).
+- The call format follows the checkpoint's chat template (hermes `<tool_call>`, llama3, mistral).
+  A template that renders tools itself gets them as the `tools` variable; one that does not gets
+  the documented fallback: the tools described in the system message in the Hermes form, and
+  earlier calls and results replayed as `<tool_call>` / `<tool_response>` text.
+- `ToolPlan.constraint` is the grammar mask: a named tool or `required` is constrained from the
+  first token; `auto` from the moment the model writes the opener, so prose decodes untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from goinfer.runtime import grammar as g
+
+from ..errors import bad_request
+from . import hermes, llama3, mistral
+from .base import Call, CallFormat, Tool, bare_call_end
+
+__all__ = ["Call", "CallFormat", "Tool", "ToolPlan", "call_format", "plan_tools", "prepare_messages"]
+
+_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+
+
+def call_format(template: str) -> tuple[CallFormat, bool]:
+    """(the family's call format, whether its template renders tools itself)."""
+    native = re.search(r"\btools\b", template) is not None
+    if "[TOOL_CALLS]" in template:
+        return mistral.FORMAT, native
+    if "<|python_tag|>" in template or ("<|start_header_id|>" in template and native):
+        return llama3.FORMAT, native
+    return hermes.FORMAT, native and "<tool_call>" in template
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    tools: tuple[Tool, ...]
+    choice: str  # "auto" | "required" | "named"
+    named: str | None
+    parallel: bool
+    fmt: CallFormat
+    native: bool
+
+    @property
+    def names(self) -> set[str]:
+        return {t.name for t in self.tools}
+
+    @property
+    def forced(self) -> bool:
+        """Constrained from the first token (the prompt is then rendered thinking-off)."""
+        return self.choice != "auto"
+
+    def grammar(self, tok: g.GrammarTokenizer | None = None) -> str:
+        tools = [t for t in self.tools if t.name == self.named] if self.named else list(self.tools)
+        lark = self.fmt.call_grammar(tools, self.parallel and not self.named, tok.get() if tok else None)
+        try:
+            return g.compile_lark(lark)
+        except g.GrammarError as e:
+            raise bad_request(f"tools: the call grammar cannot be built: {e}", param="tools") from None
+
+    def constraint(self, tok: g.GrammarTokenizer, token_text) -> g.Constraint:
+        grammar = self.grammar(tok)
+
+        def body() -> g.GrammarConstraint:
+            return g.GrammarConstraint(tok.matcher(grammar), tok.vocab_size)
+
+        if self.choice == "auto":
+            return g.TriggeredConstraint(self.fmt.opener, body, token_text)
+        return g.PrefixedConstraint(tok.get().tokenize_str(self.fmt.opener), body(), tok.vocab_size)
+
+    def reply_end(self, text: str) -> int | None:
+        """A reply that opens with a bare call to a supplied tool ends with that call's object."""
+        return bare_call_end(text, self.names, self.fmt.args_key) if self.fmt.unwrapped else None
+
+    def template_vars(self) -> dict[str, Any]:
+        return {"tools": [t.openai() for t in self.tools]} if self.native else {}
+
+
+def plan_tools(tools: list[dict[str, Any]] | None, tool_choice: Any, parallel: bool | None, template: str):
+    """The request's tools, or None when no tool may be called (none given, or tool_choice none)."""
+    if not tools:
+        if tool_choice not in (None, "none", "auto"):
+            raise bad_request("tool_choice needs tools", param="tool_choice")
+        return None
+    parsed = tuple(_tool(t, i) for i, t in enumerate(tools))
+    names = [t.name for t in parsed]
+    if len(set(names)) != len(names):
+        raise bad_request("tools: each function needs a distinct name", param="tools")
+    choice, named = _choice(tool_choice, set(names))
+    if choice == "none":
+        return None
+    fmt, native = call_format(template)
+    # One call per reply unless parallel_tool_calls is true (llama.cpp's default too): a small model
+    # allowed another call after each one tends to repeat the same call until max_tokens.
+    plan = ToolPlan(parsed, choice, named, parallel is True, fmt, native)
+    plan.grammar()  # a schema llguidance cannot compile is a 400 now, before any prefill
+    return plan
+
+
+def _tool(t: Any, i: int) -> Tool:
+    where = f"tools.{i}"
+    if not isinstance(t, dict) or t.get("type", "function") != "function":
+        raise bad_request(f"{where}: only tools of type 'function' are supported", param=f"{where}.type")
+    fn = t.get("function")
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not _NAME.match(fn["name"]):
+        what = f"{where}.function.name"
+        raise bad_request(f"{what} must be 1-64 letters, digits, '_', '-' or '.'", param=what)
+    params = fn.get("parameters", {"type": "object", "properties": {}})
+    what = f"{where}.function.parameters"
+    if not isinstance(params, dict):
+        raise bad_request(f"{what} must be a JSON schema object", param=what)
+    try:
+        g.compile_json_schema(params)
+    except g.GrammarError as e:
+        raise bad_request(f"{what} is not a usable JSON schema: {e}", param=what) from None
+    return Tool(fn["name"], str(fn.get("description") or ""), params)
+
+
+def _choice(choice: Any, names: set[str]) -> tuple[str, str | None]:
+    if choice is None:
+        return "auto", None
+    if choice in ("none", "auto", "required"):
+        return choice, None
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        name = (choice.get("function") or {}).get("name")
+        if name not in names:
+            raise bad_request(
+                f"tool_choice names function {name!r}, which is not in tools ({', '.join(sorted(names))})",
+                param="tool_choice",
+            )
+        return "named", name
+    raise bad_request(
+        "tool_choice must be 'none', 'auto', 'required' or "
+        '{"type": "function", "function": {"name": ...}}',
+        param="tool_choice",
+    )
+
+
+# -- the conversation ------------------------------------------------------------------------
+FALLBACK_SYSTEM = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n"
+    "<tools>\n{tools}\n</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n"
+    '<tool_call>\n{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>'
+)
+
+
+def prepare_messages(
+    messages: list[dict[str, Any]], plan: ToolPlan | None, template: str
+) -> list[dict[str, Any]]:
+    """Replay earlier calls and results the way the template reads them.
+
+    Call arguments arrive as JSON strings (OpenAI) and are handed to templates as objects (as
+    transformers does); a tool result without a name gets the name of the call it answers.
+    """
+    native = plan.native if plan else call_format(template)[1]
+    by_id: dict[str, str] = {}
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        m = dict(m)
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            calls = [_history_call(c, by_id) for c in m["tool_calls"]]
+            if native:
+                m["tool_calls"] = [{"type": "function", "id": cid, "function": c} for cid, c in calls]
+            else:
+                text = "".join(f"\n<tool_call>\n{json.dumps(c)}\n</tool_call>" for _cid, c in calls)
+                m.pop("tool_calls")
+                m["content"] = (m.get("content") or "") + text
+        elif m["role"] == "tool":
+            m.setdefault("name", by_id.get(str(m.get("tool_call_id")), ""))
+            if not native:
+                body = f"<tool_response>\n{m['content']}\n</tool_response>"
+                if out and out[-1]["role"] == "user" and out[-1].get("_tool_results"):
+                    out[-1]["content"] += "\n" + body
+                    continue
+                m = {"role": "user", "content": body, "_tool_results": True}
+        out.append(m)
+    for m in out:
+        m.pop("_tool_results", None)
+    if plan is not None and not native:
+        tools = "\n".join(json.dumps(t.openai(), ensure_ascii=False) for t in plan.tools)
+        note = FALLBACK_SYSTEM.format(tools=tools)
+        if out and out[0]["role"] == "system":
+            out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{note}"}
+        else:
+            out.insert(0, {"role": "system", "content": note})
+    return out
+
+
+def _history_call(c: Any, by_id: dict[str, str]) -> tuple[str, dict[str, Any]]:
+    if not isinstance(c, dict):
+        raise bad_request("messages: each tool_calls entry must be an object", param="messages")
+    fn = c.get("function") or {}
+    name, args = fn.get("name"), fn.get("arguments", "{}")
+    if not isinstance(name, str):
+        raise bad_request("messages: a tool call needs function.name", param="messages")
+    if isinstance(args, str):
+        with contextlib.suppress(ValueError):  # not JSON: kept as the string the client sent
+            args = json.loads(args) if args.strip() else {}
+    cid = str(c.get("id", ""))
+    by_id[cid] = name
+    return cid, {"name": name, "arguments": args}

@@ -1,0 +1,161 @@
+"""What every tool-call format shares: the supplied tools, the call grammar, and the parser.
+
+A family's format (hermes.py, llama3.py, mistral.py) is a `CallFormat`: the text that opens its
+calls, how several calls are joined, and the key its arguments sit under. Everything a request
+needs follows from that: the grammar that constrains a call (`call_grammar`) and the parser that
+reads calls back out of a reply (`parse`, and the streaming splitter in stream.py).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from goinfer.runtime.grammar import json_in_lark, lark_literal
+from llguidance import LLTokenizer
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+    def openai(self) -> dict[str, Any]:
+        """The tool as the OpenAI request spelled it (what chat templates expect)."""
+        fn = {"name": self.name, "description": self.description, "parameters": self.parameters}
+        return {"type": "function", "function": fn}
+
+
+@dataclass(frozen=True)
+class Call:
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class CallFormat:
+    """One family's call syntax: opener, one call object per call, joiner between calls, closer."""
+
+    name: str
+    opener: str  # the text (often one special token) that starts the calls
+    call_open: str  # between the opener and the first call object
+    joiner: str  # between two calls
+    close: str  # after the last call
+    args_key: str = "arguments"
+    unwrapped: bool = False  # a reply that starts with a call object (no opener) is a call too
+    notes: str = field(default="", compare=False)
+
+    # -- constraint ---------------------------------------------------------------------
+    def call_grammar(self, tools: list[Tool], parallel: bool, tok: LLTokenizer | None = None) -> str:
+        """Lark for everything after the opener: one call (or several) to the supplied tools.
+        With the model's tokenizer, tags that are special tokens are matched as those tokens."""
+        alts = " | ".join(f"call{i}" for i in range(len(tools)))
+        rules = [f"call{i}: {json_in_lark(self.call_schema(t))}" for i, t in enumerate(tools)]
+        more = f"({lark_literal(self.joiner, tok)} call)*" if parallel else ""
+        start = f"start: {lark_literal(self.call_open, tok)} call {more} {lark_literal(self.close, tok)}"
+        return "\n".join([start, f"call: {alts}", *rules])
+
+    def call_schema(self, tool: Tool) -> dict[str, Any]:
+        return {
+            "type": "object",
+            "properties": {"name": {"const": tool.name}, self.args_key: tool.parameters},
+            "required": ["name", self.args_key],
+            "additionalProperties": False,
+        }
+
+    # -- parsing ------------------------------------------------------------------------
+    def parse(self, text: str, names: set[str]) -> tuple[str, list[Call]]:
+        """A whole reply -> (prose, calls). Prose is the text before the opener; a call naming a
+        tool that was not supplied, or whose arguments are not an object, is dropped."""
+        i = text.find(self.opener)
+        if i < 0:
+            if self.unwrapped:
+                call = unwrapped_call(text, names, self.args_key)
+                if call is not None:
+                    return "", [call]
+            return text, []
+        calls = [c for c in (to_call(o, names, self.args_key) for o in json_objects(text[i:])) if c]
+        return text[:i], calls
+
+
+def to_call(obj: Any, names: set[str], args_key: str = "arguments") -> Call | None:
+    if not isinstance(obj, dict) or obj.get("name") not in names:
+        return None
+    args = obj.get(args_key, obj.get("arguments", obj.get("parameters", {})))
+    if isinstance(args, str):  # some models double-encode the arguments
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return None
+    return Call(obj["name"], args) if isinstance(args, dict) else None
+
+
+def json_objects(text: str) -> list[Any]:
+    """Every top-level JSON value that starts with `{` or `[` in `text`, arrays flattened."""
+    dec, out, i = json.JSONDecoder(), [], 0
+    while (m := re.compile(r"[\[{]").search(text, i)) is not None:
+        try:
+            value, i = dec.raw_decode(text, m.start())
+        except ValueError:
+            i = m.start() + 1
+            continue
+        out.extend(value if isinstance(value, list) else [value])
+    return out
+
+
+# A bare call may come inside a markdown fence, as Qwen2.5-Coder-0.5B writes it under auto.
+_FENCE = re.compile(r"```(?:json)?[ \t]*\n")
+_FENCE_PREFIX = re.compile(r"`{1,3}(?:j(?:s(?:o(?:n)?)?)?)?[ \t]*")
+
+
+def bare_start(text: str) -> int | None:
+    """Where the call object starts in a reply that opens with one (after spaces, or a ```json
+    fence), or None when it does not."""
+    s = text.lstrip()
+    at = len(text) - len(s)
+    m = _FENCE.match(s)
+    if m:
+        rest = s[m.end() :]
+        at += m.end() + len(rest) - len(rest.lstrip())
+        s = rest.lstrip()
+    return at if s.startswith("{") else None
+
+
+def may_open_bare(text: str) -> bool:
+    """Could more text still make this a reply that opens with a bare call?"""
+    s = text.lstrip()
+    return (
+        not s
+        or _FENCE_PREFIX.fullmatch(s) is not None
+        or (_FENCE.match(s) is not None and not s[_FENCE.match(s).end() :].strip())
+    )
+
+
+def unwrapped_call(text: str, names: set[str], args_key: str = "arguments") -> Call | None:
+    """A reply whose first non-space byte opens a JSON object naming a supplied tool, with object
+    arguments, is that one call (the first object only); so is one whose first line is a ```json
+    fence around such an object. Anything else is prose."""
+    at = bare_start(text)
+    if at is None:
+        return None
+    try:
+        obj, _end = json.JSONDecoder().raw_decode(text, at)
+    except ValueError:
+        return None
+    return to_call(obj, names, args_key)
+
+
+def bare_call_end(text: str, names: set[str], args_key: str = "arguments") -> int | None:
+    """Where a reply that is a bare call object ends, once it is complete (a small model that
+    writes one tends to write it again and again: the first is the call)."""
+    at = bare_start(text)
+    if at is None:
+        return None
+    try:
+        obj, end = json.JSONDecoder().raw_decode(text, at)
+    except ValueError:
+        return None
+    return end if to_call(obj, names, args_key) is not None else None

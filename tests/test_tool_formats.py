@@ -1,0 +1,155 @@
+"""Each family's tool-call format on recorded model outputs: the whole-reply parser, the streaming
+splitter (under every chunking) and the call grammar (which must accept what the parser reads)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from fake_engine import byte_tokenizer_json
+from goinfer.runtime import grammar as g
+from goinfer.runtime.stream import Delta, Usage
+from goinfer.serve.tools import Tool, call_format, hermes, llama3, mistral
+from goinfer.serve.tools.stream import tool_deltas
+
+WEATHER = Tool("get_weather", "Weather in a city", {
+    "type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}},
+    "required": ["city"]})  # fmt: skip
+TIME = Tool("get_time", "", {"type": "object", "properties": {"tz": {"type": "string"}}})
+NAMES = {"get_weather", "get_time"}
+
+# Recorded replies (Qwen2.5-Coder-0.5B for hermes; the families' documented forms for the others).
+HERMES_ONE = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+HERMES_TWO = (
+    'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}\n'
+    '</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {"tz": "Europe/Paris"}}\n</tool_call>'
+)
+HERMES_UNWRAPPED = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+HERMES_UNKNOWN = '{"name": "send_email", "arguments": {"to": "x"}}'
+HERMES_PROSE = "The weather in Paris is usually mild. {not json} <tool_"
+HERMES_FENCED = '```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Paris"\n  }\n}\n```'
+CODE = "```python\nprint({'name': 'get_weather'})\n```"
+LLAMA3_TAGGED = '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}'
+LLAMA3_BARE = ' {"name": "get_time", "parameters": {"tz": "UTC"}}'
+MISTRAL_TWO = (
+    '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}, '
+    '{"name": "get_time", "arguments": {"tz": "UTC"}}]'
+)
+
+CASES = [
+    (hermes.FORMAT, HERMES_ONE, "", [("get_weather", {"city": "Paris"})]),
+    (hermes.FORMAT, HERMES_TWO, "Let me check.\n",
+     [("get_weather", {"city": "Paris", "unit": "c"}), ("get_time", {"tz": "Europe/Paris"})]),
+    (hermes.FORMAT, HERMES_UNWRAPPED, "", [("get_weather", {"city": "Paris"})]),
+    (hermes.FORMAT, HERMES_UNKNOWN, HERMES_UNKNOWN, []),  # a name not supplied never becomes a call
+    (hermes.FORMAT, HERMES_PROSE, HERMES_PROSE, []),
+    (hermes.FORMAT, HERMES_FENCED, "", [("get_weather", {"city": "Paris"})]),  # Qwen2.5-Coder-0.5B, auto
+    (hermes.FORMAT, CODE, CODE, []),
+    (llama3.FORMAT, LLAMA3_TAGGED, "", [("get_weather", {"city": "Paris"})]),
+    (llama3.FORMAT, LLAMA3_BARE, "", [("get_time", {"tz": "UTC"})]),
+    (mistral.FORMAT, MISTRAL_TWO, "", [("get_weather", {"city": "Paris"}), ("get_time", {"tz": "UTC"})]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("fmt", "text", "prose", "calls"), CASES)
+def test_parse_recorded_replies(fmt, text, prose, calls):
+    got_prose, got = fmt.parse(text, NAMES)
+    assert got_prose == prose
+    assert [(c.name, c.arguments) for c in got] == calls
+
+
+def _stream(fmt, pieces: list[str]) -> tuple[str, list[tuple[str, dict]], str]:
+    deltas = [Delta(p) for p in pieces] + [Delta("", finish_reason="stop", usage=Usage(1, len(pieces)))]
+    text, calls, finish = "", {}, None
+    for d in tool_deltas(deltas, fmt, NAMES):
+        text += d.text
+        for t in d.tool_calls:
+            if t.id is not None:
+                assert t.id.startswith("call_") and t.name in NAMES
+                calls[t.index] = [t.name, ""]
+            calls[t.index][1] += t.arguments
+        finish = d.finish_reason or finish
+    return text, [(n, json.loads(a)) for n, a in (calls[i] for i in sorted(calls))], finish
+
+
+@pytest.mark.parametrize(("fmt", "text", "prose", "calls"), CASES)
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 1000])
+def test_streaming_split_matches_the_parser(fmt, text, prose, calls, size):
+    pieces = [text[i : i + size] for i in range(0, len(text), size)]
+    got_text, got_calls, finish = _stream(fmt, pieces)
+    assert got_text == prose and got_calls == calls
+    assert finish == ("tool_calls" if calls else "stop")
+
+
+def test_prose_before_a_call_streams_before_the_call_ends():
+    pieces = [
+        *"Checking now. ",
+        "<tool_call>",
+        "\n",
+        '{"name": "get_time", ',
+        '"arguments": {"tz": "UTC"}}',
+    ]
+    deltas = iter([Delta(p) for p in pieces])
+    out = tool_deltas(deltas, hermes.FORMAT, NAMES)
+    first = next(out)
+    assert first.text == "C" and not first.tool_calls  # out before the model has finished the reply
+
+
+def test_the_template_decides_the_format():
+    assert call_format("{% if tools %}<tool_call>{% endif %}") == (hermes.FORMAT, True)
+    assert call_format("{{ messages }}") == (hermes.FORMAT, False)  # the fallback
+    assert call_format("{% for tool in tools %}[TOOL_CALLS]{% endfor %}")[0] is mistral.FORMAT
+    assert call_format("<|start_header_id|>{{ tools }}<|python_tag|>")[0] is llama3.FORMAT
+
+
+@pytest.fixture(scope="module")
+def tok() -> g.GrammarTokenizer:
+    from tokenizers import Tokenizer
+
+    vocab = Tokenizer.from_str(byte_tokenizer_json()).get_vocab_size()
+    return g.GrammarTokenizer(byte_tokenizer_json(), vocab, [vocab - 1]).start()
+
+
+@pytest.mark.parametrize(
+    ("fmt", "text"),
+    [(hermes.FORMAT, HERMES_TWO), (llama3.FORMAT, LLAMA3_TAGGED), (mistral.FORMAT, MISTRAL_TWO)],
+)
+def test_the_call_grammar_accepts_what_the_parser_reads(tok, fmt, text):
+    after = text[text.index(fmt.opener) + len(fmt.opener) :]
+    m = tok.matcher(g.compile_lark(fmt.call_grammar([WEATHER, TIME], parallel=True, tok=tok.get())))
+    assert m.consume_tokens(tok.get().tokenize_str(after)), m.get_error()
+    assert m.is_accepting()
+
+
+def test_the_call_grammar_refuses_other_tools_and_bad_arguments(tok):
+    grammar = g.compile_lark(hermes.FORMAT.call_grammar([WEATHER], parallel=False, tok=tok.get()))
+    for bad in (
+        '\n{"name": "get_time", "arguments": {}}',
+        '\n{"name": "get_weather", "arguments": {"unit": "k"}}',
+    ):
+        m = tok.matcher(grammar)
+        assert not m.consume_tokens(tok.get().tokenize_str(bad))
+
+
+def test_double_encoded_arguments_stream_and_parse():
+    text = '<tool_call>\n{"name": "get_time", "arguments": "{\\"tz\\": \\"UTC\\"}"}\n</tool_call>'
+    for size in (1, 5, 1000):
+        pieces = [text[i : i + size] for i in range(0, len(text), size)]
+        deltas = [Delta(p) for p in pieces] + [Delta("", finish_reason="stop")]
+        args = "".join(t.arguments for d in tool_deltas(deltas, hermes.FORMAT, NAMES) for t in d.tool_calls)
+        assert json.loads(json.loads(args)) == {"tz": "UTC"}
+    assert hermes.FORMAT.parse(text, NAMES)[1][0].arguments == {"tz": "UTC"}
+
+
+def test_a_code_reply_streams_once_it_cannot_be_a_fenced_call():
+    pieces = ["``", "`py", "thon\n", "print(1)\n", "```"]
+    out = list(tool_deltas(iter([Delta(p) for p in pieces]), hermes.FORMAT, NAMES))
+    assert out[0].text == "```py"  # held only while it could still open ```json
+
+
+def test_templates_get_transformers_tojson():
+    from goinfer.runtime.chat import render_chat
+
+    # keys in the order given and no HTML escaping, as transformers renders tool schemas
+    out = render_chat("{{ tools | tojson }}", [], add_generation_prompt=False, tools=[{"b": 1, "a": "<x>&"}])
+    assert out == '[{"b": 1, "a": "<x>&"}]'
