@@ -184,6 +184,13 @@ DEFAULT_SERVE_MODEL = "qwen2.5-coder-0.5b"  # the zoo's default (compiler.source
 @click.option(
     "--unload-drain-wait", default=5.0, show_default=True, type=click.FloatRange(min=0), help="seconds"
 )
+@click.option(
+    "--responses-store",
+    default=256,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="stored /v1/responses kept in memory for previous_response_id",
+)
 @click.option("--quant", default="int4", show_default=True, help="used only when a model must be built")
 @click.option("--no-selftest", is_flag=True, help="skip the startup kernel self-test")
 def serve(
@@ -196,10 +203,11 @@ def serve(
     max_body_bytes: int,
     allow_admin: bool,
     unload_drain_wait: float,
+    responses_store: int,
     quant: str,
     no_selftest: bool,
 ) -> None:
-    """Serve models over an OpenAI-compatible HTTP API (base URL http://ADDR/v1)."""
+    """Serve models over OpenAI-compatible and Anthropic Messages HTTP APIs (base URL http://ADDR/v1)."""
     from goinfer.serve import server
     from goinfer.serve.app import create_app
     from goinfer.serve.config import ServeConfig, parse_addr
@@ -217,6 +225,7 @@ def serve(
             unload_drain_wait_s=unload_drain_wait,
             tls_cert=tls_cert,
             tls_key=tls_key,
+            responses_store=responses_store,
         )
         server.check_exposure(config)  # before any model loads: a refusal costs nothing
         context = server.ssl_context(config)

@@ -77,6 +77,7 @@ class Delta:
     usage: Usage | None = None  # set on the last delta only
     tool_calls: tuple[ToolCallDelta, ...] = ()
     confidence: list[dict] | None = None  # goinfer_confidence records, on the last delta only
+    stop_sequence: str | None = None  # the stop string that ended the reply, on the last delta
 
 
 class StopMatcher:
@@ -85,13 +86,15 @@ class StopMatcher:
     def __init__(self, stops: Sequence[str]):
         self.stops = tuple(s for s in stops if s)
         self.held = ""
+        self.matched: str | None = None  # the stop string found, once one is
 
     def push(self, text: str) -> tuple[str, bool]:
         """Add text; return (text safe to emit, whether a stop string was hit)."""
         self.held += text
-        hits = [i for i in (self.held.find(s) for s in self.stops) if i >= 0]
+        hits = [(i, s) for s in self.stops if (i := self.held.find(s)) >= 0]
         if hits:
-            out, self.held = self.held[: min(hits)], ""
+            at, self.matched = min(hits)
+            out, self.held = self.held[:at], ""
             return out, True
         keep = max((self._overlap(s) for s in self.stops), default=0)
         cut = len(self.held) - keep
@@ -160,7 +163,9 @@ def text_deltas(
                 # Tokens whose text starts before the stop string belong to the reply; the rest do not.
                 cut = emitted + len(out)
                 entries = tuple(e for start, _end, e in pending if start < cut)
-                yield Delta(out, entries, "stop", Usage(prompt_tokens, completion))
+                yield Delta(
+                    out, entries, "stop", Usage(prompt_tokens, completion), stop_sequence=matcher.matched
+                )
                 return
             if ev.token_id is None:
                 break

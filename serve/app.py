@@ -11,10 +11,10 @@ from collections.abc import AsyncIterator, Mapping
 
 from aiohttp import web
 
-from . import admin, middleware, routes
+from . import admin, messages, middleware, responses, routes
 from .config import BodyCaps, ServeConfig
 from .engine import Engine
-from .keys import CAPS, CONFIG, LOADER, REGISTRY, STARTED, Loader
+from .keys import CAPS, CONFIG, LOADER, REGISTRY, RESPONSES, STARTED, Loader
 from .registry import Registry
 
 log = logging.getLogger("goinfer.serve")
@@ -37,6 +37,9 @@ def create_app(
     app[LOADER] = loader
     app[STARTED] = int(time.time())
     app.add_routes(routes.routes)
+    app.add_routes(messages.routes)
+    app.add_routes(responses.routes)
+    app[RESPONSES] = responses.ResponseStore(config.responses_store)
     if config.allow_admin:
         app[admin.DRAINING] = set()
         app.add_routes(admin.routes)

@@ -6,6 +6,7 @@ stream would have sent, so the two cannot drift apart.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from abc import ABC, abstractmethod
@@ -13,6 +14,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from goinfer.runtime.stream import Delta, TokenLogprob, ToolCallDelta, Usage
+
+from .errors import APIError
 
 Chunk = dict[str, Any]
 
@@ -29,8 +32,36 @@ def _bytes(s: str) -> list[int]:
     return list(s.encode("utf-8", "surrogatepass"))
 
 
-class ChunkBuilder(ABC):
-    """Deltas -> chunk dicts for one reply (one id, one `created`); subclasses shape the choices."""
+class EventBuilder(ABC):
+    """Deltas -> the events of one reply, and how they are framed as server-sent events: OpenAI's
+    `data:` lines ending in `[DONE]` by default; the Anthropic and Responses builders name their
+    events instead."""
+
+    keepalive = b": keep-alive\n\n"
+    sse_end: bytes | None = b"data: [DONE]\n\n"
+
+    def sse(self, chunk: Chunk) -> bytes:
+        return b"data: " + json.dumps(chunk, ensure_ascii=False).encode() + b"\n\n"
+
+    def sse_error(self, err: APIError) -> bytes:
+        return b"data: " + json.dumps(err.body()).encode() + b"\n\n"
+
+    def start(self) -> list[Chunk]:
+        return []
+
+    @abstractmethod
+    def step(self, d: Delta) -> list[Chunk]: ...
+
+
+def named_event(chunk: Chunk) -> bytes:
+    """`event: <type>` then the data: the framing of the Anthropic and Responses streams."""
+    return (
+        f"event: {chunk['type']}\ndata: ".encode() + json.dumps(chunk, ensure_ascii=False).encode() + b"\n\n"
+    )
+
+
+class ChunkBuilder(EventBuilder):
+    """OpenAI's chunks for one reply (one id, one `created`); subclasses shape the choices."""
 
     prefix = ""
     object = ""
@@ -46,9 +77,6 @@ class ChunkBuilder(ABC):
         if self.include_usage:
             c["usage"] = _usage(usage) if usage is not None else None
         return c
-
-    def start(self) -> list[Chunk]:
-        return []
 
     def step(self, d: Delta) -> list[Chunk]:
         out = []

@@ -44,6 +44,7 @@ class ServeConfig:
     keepalive_s: float = 5.0  # an SSE comment goes out when nothing else has for this long
     poll_s: float = 0.25  # how often a waiting request checks that its client is still there
     retry_after_s: int = 1  # the Retry-After a 429 carries
+    responses_store: int = 256  # stored /v1/responses kept for previous_response_id, oldest dropped
 
     @property
     def tls(self) -> bool:

@@ -1,7 +1,9 @@
-"""OpenAI's error envelope, and the one exception type handlers raise to produce it.
+"""The error envelopes, and the one exception type handlers raise to produce them.
 
-Every failure a client sees is `{"error": {"message", "type", "param", "code"}}` with a status that
-says whose fault it was; nothing else (no traceback, no aiohttp HTML page) ever goes out.
+Every failure a client sees is OpenAI's `{"error": {"message", "type", "param", "code"}}`, or on the
+Anthropic routes (/v1/messages...) Anthropic's `{"type": "error", "error": {"type", "message"}}`,
+with a status that says whose fault it was; nothing else (no traceback, no aiohttp HTML page) ever
+goes out.
 """
 
 from __future__ import annotations
@@ -23,6 +25,22 @@ _TYPES = {
 }
 
 
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+}
+
+
+def anthropic_path(path: str) -> bool:
+    return path == "/v1/messages" or path.startswith("/v1/messages/")
+
+
 class APIError(Exception):
     def __init__(
         self,
@@ -37,11 +55,16 @@ class APIError(Exception):
         self.status, self.message, self.param, self.code = status, message, param, code
         self.headers = headers or {}
 
-    def body(self) -> dict[str, Any]:
+    def body(self, anthropic: bool = False) -> dict[str, Any]:
+        if anthropic:
+            kind = _ANTHROPIC_TYPES.get(
+                self.status, "invalid_request_error" if self.status < 500 else "api_error"
+            )
+            return {"type": "error", "error": {"type": kind, "message": self.message}}
         return envelope(self.status, self.message, param=self.param, code=self.code)
 
-    def response(self) -> web.Response:
-        return web.json_response(self.body(), status=self.status, headers=self.headers)
+    def response(self, anthropic: bool = False) -> web.Response:
+        return web.json_response(self.body(anthropic), status=self.status, headers=self.headers)
 
 
 def envelope(status: int, message: str, *, param: str | None = None, code: str | None = None) -> dict:

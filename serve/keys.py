@@ -19,3 +19,4 @@ CAPS = web.AppKey("caps", BodyCaps)
 REGISTRY = web.AppKey("registry", Registry)
 LOADER = web.AppKey("loader", object)  # a Loader, or None when admin loading is not offered
 STARTED = web.AppKey("started", int)  # unix time the app was made: /v1/models' `created`
+RESPONSES = web.AppKey("responses", object)  # a responses.ResponseStore: stored /v1/responses

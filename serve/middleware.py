@@ -8,29 +8,32 @@ import logging
 
 from aiohttp import web
 
-from .errors import APIError
+from .errors import APIError, anthropic_path
 from .keys import CAPS, CONFIG
 
 log = logging.getLogger("goinfer.serve")
-TEXT_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions"})
+TEXT_ROUTES = frozenset(
+    {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens", "/v1/responses"}
+)
 
 
 @web.middleware
 async def errors(request: web.Request, handler) -> web.StreamResponse:
-    """Outermost: whatever goes wrong, the client gets OpenAI's envelope and never a traceback."""
+    """Outermost: whatever goes wrong, the client gets the API's envelope and never a traceback."""
+    anthropic = anthropic_path(request.path)
     try:
         return await handler(request)
     except APIError as e:
-        return e.response()
+        return e.response(anthropic)
     except web.HTTPException as e:  # the router's 404/405, aiohttp's own 413
         if e.status < 400:
             raise
-        return APIError(e.status, _http_message(request, e), headers=_keep_allow(e)).response()
+        return APIError(e.status, _http_message(request, e), headers=_keep_allow(e)).response(anthropic)
     except asyncio.CancelledError:
         raise
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
-        return APIError(500, "internal server error (the server log has the details)").response()
+        return APIError(500, "internal server error (the server log has the details)").response(anthropic)
 
 
 def _http_message(request: web.Request, e: web.HTTPException) -> str:

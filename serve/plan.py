@@ -203,12 +203,63 @@ def completion_prompt(req: CompletionRequest) -> str | list[int]:
     return p  # type: ignore[return-value]
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """Every route's sampling knobs in one shape (None: the default)."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    max_tokens: int | None = None
+    max_tokens_field: str = "max_tokens"  # how the request spells it, for error messages
+    default_max_tokens: int | None = None  # None: the rest of the context window
+    stops: tuple[str, ...] = ()
+    logprobs: bool = False
+    top_logprobs: int = 0
+
+
+def openai_sampling(req: SamplingRequest) -> Sampling:
+    """The knobs of /v1/chat/completions or /v1/completions."""
+    if isinstance(req, ChatRequest):
+        field, asked = (
+            ("max_completion_tokens", req.max_completion_tokens)
+            if req.max_completion_tokens is not None
+            else ("max_tokens", req.max_tokens)
+        )
+        logprobs, top, default = req.logprobs, req.top_logprobs or 0, None
+        if top and not logprobs:
+            raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")
+    else:
+        field, asked, default = "max_tokens", req.max_tokens, DEFAULT_COMPLETION_MAX_TOKENS
+        logprobs, top = req.logprobs is not None, req.logprobs or 0
+    return Sampling(
+        req.temperature,
+        req.top_p,
+        req.top_k,
+        req.min_p,
+        req.seed,
+        req.frequency_penalty,
+        req.presence_penalty,
+        asked,
+        field,
+        default,
+        req.stops,
+        logprobs,
+        top,
+    )
+
+
 def make_plan(
-    req: SamplingRequest,
+    s: Sampling,
     prompt_ids: list[int],
     name: str,
     context_window: int,
-    constraints: Rules | None = None,
+    rules: Rules | None = None,
+    prompt_field: str = "messages",
 ) -> Plan:
     """Check the prompt and budget against the window; fill the defaults."""
     n = len(prompt_ids)
@@ -216,37 +267,24 @@ def make_plan(
         raise bad_request(
             f"the prompt is {n} tokens, over the context window of {context_window} tokens for model "
             f"{name!r} (prompt and completion must fit in {context_window})",
-            param="messages" if isinstance(req, ChatRequest) else "prompt",
+            param=prompt_field,
             code="context_length_exceeded",
         )
-    if isinstance(req, ChatRequest):
-        field, asked = (
-            ("max_completion_tokens", req.max_completion_tokens)
-            if req.max_completion_tokens is not None
-            else ("max_tokens", req.max_tokens)
-        )
-        default = context_window - n
-    else:
-        field, asked, default = "max_tokens", req.max_tokens, DEFAULT_COMPLETION_MAX_TOKENS
-    if asked is not None and asked > context_window:
+    if s.max_tokens is not None and s.max_tokens > context_window:
         raise bad_request(
-            f"{field}={asked} is over the context window of {context_window} tokens for model {name!r}",
-            param=field,
+            f"{s.max_tokens_field}={s.max_tokens} is over the context window of {context_window} tokens "
+            f"for model {name!r}",
+            param=s.max_tokens_field,
         )
-    if isinstance(req, ChatRequest):
-        logprobs, top = req.logprobs, req.top_logprobs or 0
-        if top and not logprobs:
-            raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")
-    else:
-        logprobs, top = req.logprobs is not None, req.logprobs or 0
+    default = context_window - n if s.default_max_tokens is None else s.default_max_tokens
     params = SamplingParams(
-        temperature=DEFAULT_TEMPERATURE if req.temperature is None else req.temperature,
-        top_k=req.top_k or 0,
-        top_p=1.0 if req.top_p is None else req.top_p,
-        min_p=req.min_p or 0.0,
-        seed=req.seed,
-        frequency_penalty=req.frequency_penalty or 0.0,
-        presence_penalty=req.presence_penalty or 0.0,
-        max_tokens=asked if asked is not None else default,  # Model.generate also stops at the window
+        temperature=DEFAULT_TEMPERATURE if s.temperature is None else s.temperature,
+        top_k=s.top_k or 0,
+        top_p=1.0 if s.top_p is None else s.top_p,
+        min_p=s.min_p or 0.0,
+        seed=s.seed,
+        frequency_penalty=s.frequency_penalty or 0.0,
+        presence_penalty=s.presence_penalty or 0.0,
+        max_tokens=s.max_tokens if s.max_tokens is not None else default,  # generate also stops at the window
     )
-    return Plan(prompt_ids, params, req.stops, logprobs, top, constraints or Rules())
+    return Plan(prompt_ids, params, s.stops, s.logprobs, s.top_logprobs, rules or Rules())

@@ -8,7 +8,6 @@ failed write while streaming, or at the next poll while a whole reply is being c
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
@@ -16,15 +15,15 @@ from typing import Any
 
 from aiohttp import web
 
-from .chunks import Chunk, ChunkBuilder
-from .errors import APIError, envelope
+from .chunks import Chunk, EventBuilder
+from .errors import APIError
 from .registry import Generation
 
 log = logging.getLogger("goinfer.serve")
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-async def chunk_stream(run: Generation, builder: ChunkBuilder) -> AsyncIterator[Chunk | None]:
+async def chunk_stream(run: Generation, builder: EventBuilder) -> AsyncIterator[Chunk | None]:
     """The run's chunks in order; None at each poll with nothing new."""
     for c in builder.start():
         yield c
@@ -44,7 +43,7 @@ def client_gone(request: web.Request) -> bool:
 async def respond(
     request: web.Request,
     run: Generation,
-    builder: ChunkBuilder,
+    builder: EventBuilder,
     *,
     stream: bool,
     keepalive_s: float,
@@ -52,7 +51,7 @@ async def respond(
 ) -> web.StreamResponse:
     async with aclosing(chunk_stream(run, builder)) as chunks:
         if stream:
-            return await _sse(request, chunks, keepalive_s)
+            return await _sse(request, chunks, builder, keepalive_s)
         collected = []
         async for c in chunks:
             if c is not None:
@@ -63,7 +62,7 @@ async def respond(
 
 
 async def _sse(
-    request: web.Request, chunks: AsyncIterator[Chunk | None], keepalive_s: float
+    request: web.Request, chunks: AsyncIterator[Chunk | None], builder: EventBuilder, keepalive_s: float
 ) -> web.StreamResponse:
     resp = web.StreamResponse(headers=SSE_HEADERS)
     await resp.prepare(request)  # headers now, so keep-alives can flow through a long prefill
@@ -75,12 +74,13 @@ async def _sse(
                 if client_gone(request):
                     return resp
                 if loop.time() - last >= keepalive_s:
-                    await resp.write(b": keep-alive\n\n")
+                    await resp.write(builder.keepalive)
                     last = loop.time()
                 continue
-            await resp.write(b"data: " + json.dumps(c, ensure_ascii=False).encode() + b"\n\n")
+            await resp.write(builder.sse(c))
             last = loop.time()
-        await resp.write(b"data: [DONE]\n\n")
+        if builder.sse_end:
+            await resp.write(builder.sse_end)
     except ConnectionError:  # the client hung up mid-stream (aiohttp's reset errors subclass this)
         return resp
     except Exception as e:
@@ -88,9 +88,8 @@ async def _sse(
         err = e if isinstance(e, APIError) else APIError(500, f"generation failed ({type(e).__name__})")
         if not isinstance(e, APIError):
             log.exception("stream failed")
-        body = envelope(err.status, err.message, param=err.param, code=err.code)
         try:
-            await resp.write(b"data: " + json.dumps(body).encode() + b"\n\n")
+            await resp.write(builder.sse_error(err))
         except ConnectionError:
             return resp
     await resp.write_eof()

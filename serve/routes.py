@@ -37,7 +37,7 @@ async def read_body(request: web.Request, cap: int) -> bytes:
     return b"".join(parts)
 
 
-async def _prompt_ids(slot: ModelSlot, fn, arg: Any) -> list[int]:
+async def prompt_ids(slot: ModelSlot, fn, arg: Any) -> list[int]:
     try:
         return await asyncio.to_thread(fn, arg)
     except ValueError as e:  # the chat template refused these messages (e.g. roles must alternate)
@@ -63,8 +63,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     messages = prepare_messages(
         planning.chat_messages(list(req.messages)), rules.tools, slot.engine.info.chat_template
     )
-    ids = await _prompt_ids(slot, partial(slot.engine.chat_ids, **rules.template_vars()), messages)
-    job = planning.make_plan(req, ids, slot.name, slot.engine.info.context_window, rules)
+    ids = await prompt_ids(slot, partial(slot.engine.chat_ids, **rules.template_vars()), messages)
+    job = planning.make_plan(
+        planning.openai_sampling(req), ids, slot.name, slot.engine.info.context_window, rules
+    )
     builder = ChatChunks(slot.name, include_usage=req.include_usage or not req.stream)
     return await _run(request, slot, job, builder, req.stream, partial(fold_chat, logprobs=job.logprobs))
 
@@ -78,7 +80,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     rules = planning.rules(slot.engine, req.response_format, req.goinfer_confidence)
     prompt = planning.completion_prompt(req)
     if isinstance(prompt, str):
-        ids = await _prompt_ids(slot, slot.engine.text_ids, prompt)
+        ids = await prompt_ids(slot, slot.engine.text_ids, prompt)
     else:
         vocab = slot.engine.info.vocab_size
         if vocab and max(prompt) >= vocab:
@@ -86,7 +88,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
                 f"prompt: token id {max(prompt)} is outside the vocabulary (size {vocab})", "prompt"
             )
         ids = list(prompt)
-    job = planning.make_plan(req, ids, slot.name, slot.engine.info.context_window, rules)
+    sampling, window = planning.openai_sampling(req), slot.engine.info.context_window
+    job = planning.make_plan(sampling, ids, slot.name, window, rules, prompt_field="prompt")
     builder = CompletionChunks(slot.name, include_usage=req.include_usage or not req.stream)
     return await _run(
         request, slot, job, builder, req.stream, partial(fold_completion, logprobs=job.logprobs)

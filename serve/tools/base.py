@@ -127,30 +127,14 @@ def bare_start(text: str) -> int | None:
 def may_open_bare(text: str) -> bool:
     """Could more text still make this a reply that opens with a bare call?"""
     s = text.lstrip()
-    return (
-        not s
-        or _FENCE_PREFIX.fullmatch(s) is not None
-        or (_FENCE.match(s) is not None and not s[_FENCE.match(s).end() :].strip())
-    )
+    if not s or _FENCE_PREFIX.fullmatch(s):
+        return True
+    m = _FENCE.match(s)
+    return m is not None and not s[m.end() :].strip()  # a fence line, nothing after it yet
 
 
-def unwrapped_call(text: str, names: set[str], args_key: str = "arguments") -> Call | None:
-    """A reply whose first non-space byte opens a JSON object naming a supplied tool, with object
-    arguments, is that one call (the first object only); so is one whose first line is a ```json
-    fence around such an object. Anything else is prose."""
-    at = bare_start(text)
-    if at is None:
-        return None
-    try:
-        obj, _end = json.JSONDecoder().raw_decode(text, at)
-    except ValueError:
-        return None
-    return to_call(obj, names, args_key)
-
-
-def bare_call_end(text: str, names: set[str], args_key: str = "arguments") -> int | None:
-    """Where a reply that is a bare call object ends, once it is complete (a small model that
-    writes one tends to write it again and again: the first is the call)."""
+def _bare_call(text: str, names: set[str], args_key: str) -> tuple[Call, int] | None:
+    """The call a reply opens with (see `unwrapped_call`), and where its object ends."""
     at = bare_start(text)
     if at is None:
         return None
@@ -158,4 +142,20 @@ def bare_call_end(text: str, names: set[str], args_key: str = "arguments") -> in
         obj, end = json.JSONDecoder().raw_decode(text, at)
     except ValueError:
         return None
-    return end if to_call(obj, names, args_key) is not None else None
+    call = to_call(obj, names, args_key)
+    return (call, end) if call is not None else None
+
+
+def unwrapped_call(text: str, names: set[str], args_key: str = "arguments") -> Call | None:
+    """A reply whose first non-space byte opens a JSON object naming a supplied tool, with object
+    arguments, is that one call (the first object only); so is one whose first line is a ```json
+    fence around such an object. Anything else is prose."""
+    found = _bare_call(text, names, args_key)
+    return found[0] if found else None
+
+
+def bare_call_end(text: str, names: set[str], args_key: str = "arguments") -> int | None:
+    """Where a reply that is a bare call object ends, once it is complete (a small model that
+    writes one tends to write it again and again: the first is the call)."""
+    found = _bare_call(text, names, args_key)
+    return found[1] if found else None

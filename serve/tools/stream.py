@@ -156,4 +156,4 @@ def tool_deltas(deltas: Iterable[Delta], fmt: CallFormat, names: set[str]) -> It
         elif mode == "start":
             text += lead
         finish = "tool_calls" if emitted and d.finish_reason == "stop" else d.finish_reason
-        yield Delta(text, d.logprobs, finish, d.usage, tuple(calls), d.confidence)
+        yield Delta(text, d.logprobs, finish, d.usage, tuple(calls), d.confidence, d.stop_sequence)

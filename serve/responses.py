@@ -1,0 +1,384 @@
+"""OpenAI's Responses API: POST /v1/responses and GET /v1/responses/{id}.
+
+`input` (a string, or message / function_call / function_call_output items) and `instructions`
+become the same chat messages the chat route renders; `tools`, `tool_choice` and `text.format` the
+same constraints; so a response runs the same plan. `store` (the default) keeps the response and
+its conversation in an in-memory ring of `--responses-store` entries (256), oldest dropped first:
+`previous_response_id` continues from one of them (its instructions are not carried over, as in
+OpenAI's API), and an id no longer held is a 404.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from functools import partial
+from threading import Lock
+from typing import Annotated, Any
+
+from aiohttp import web
+from goinfer.runtime.stream import Delta
+from pydantic import Field
+
+from . import plan as planning
+from .chunks import Chunk, EventBuilder, named_event
+from .errors import APIError, bad_request, unsupported
+from .keys import CAPS, CONFIG, REGISTRY, RESPONSES
+from .respond import respond
+from .routes import prompt_ids, read_body
+from .schemas import _Body, parse
+from .tools import prepare_messages
+
+routes = web.RouteTableDef()
+
+
+class ResponsesRequest(_Body):
+    model: str | None = None
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    max_output_tokens: Annotated[int, Field(ge=1)] | None = None
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    seed: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    text: dict[str, Any] | None = None
+    stream: bool = False
+    store: bool = True
+    previous_response_id: str | None = None
+    metadata: dict[str, Any] | None = None
+    reasoning: dict[str, Any] | None = None  # accepted, ignored: no model here reasons
+    goinfer_confidence: bool = False
+
+
+@dataclass(frozen=True)
+class Stored:
+    response: dict[str, Any]
+    conversation: list[dict[str, Any]]  # chat messages, instructions excluded, the reply included
+
+
+class ResponseStore:
+    """The last `capacity` stored responses, by id."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._items: OrderedDict[str, Stored] = OrderedDict()
+        self._lock = Lock()  # written from the model's worker thread, read from the loop
+
+    def put(self, item: Stored) -> None:
+        with self._lock:
+            self._items[item.response["id"]] = item
+            while len(self._items) > self.capacity:
+                self._items.popitem(last=False)
+
+    def get(self, rid: str) -> Stored | None:
+        with self._lock:
+            return self._items.get(rid)
+
+
+# -- request -> chat messages ----------------------------------------------------------------------
+def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`input` as chat messages: calls become an assistant turn's tool_calls, outputs tool messages."""
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    out: list[dict[str, Any]] = []
+    for i, item in enumerate(items):
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            if role not in ("user", "assistant", "system", "developer"):
+                raise bad_request(f"input.{i}.role: {role!r} is not a valid role", param=f"input.{i}.role")
+            text = _content_text(item.get("content"), f"input.{i}.content")
+            out.append({"role": "system" if role == "developer" else role, "content": text})
+        elif kind == "function_call":
+            fn = {"name": item.get("name"), "arguments": item.get("arguments", "{}")}
+            call = {"id": str(item.get("call_id", "")), "type": "function", "function": fn}
+            if out and out[-1]["role"] == "assistant":
+                out[-1].setdefault("tool_calls", []).append(call)
+            else:
+                out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        elif kind == "function_call_output":
+            output = item.get("output", "")
+            content = output if isinstance(output, str) else _content_text(output, f"input.{i}.output")
+            out.append({"role": "tool", "tool_call_id": str(item.get("call_id", "")), "content": content})
+        elif kind == "reasoning":
+            continue
+        else:
+            raise unsupported(f"input.{i}: input items of type {kind!r} are not supported", f"input.{i}.type")
+    return out
+
+
+def _content_text(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise bad_request(f"{where} must be a string or a list of content parts", param=where)
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in ("input_text", "output_text", "text"):
+            texts.append(str(part.get("text", "")))
+        elif kind in ("input_image", "input_file"):
+            raise bad_request(
+                f"{where}.{j}: {kind} needs a vision model (vision: false here)", f"{where}.{j}.type"
+            )
+        else:
+            raise bad_request(f"{where}.{j}: unsupported content part type {kind!r}", f"{where}.{j}.type")
+    return "\n".join(texts)
+
+
+def chat_tools(req: ResponsesRequest) -> tuple[list[dict[str, Any]] | None, Any]:
+    """Responses' flat function tools and tool_choice -> the chat form the tools module reads."""
+    tools = None
+    if req.tools:
+        tools = []
+        for i, t in enumerate(req.tools):
+            if t.get("type") != "function":
+                raise unsupported(
+                    f"tools.{i}: only function tools are supported, not {t.get('type')!r}", f"tools.{i}"
+                )
+            fn = {k: t[k] for k in ("name", "description", "parameters") if k in t}
+            tools.append({"type": "function", "function": fn})
+    choice = req.tool_choice
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        choice = {"type": "function", "function": {"name": choice.get("name")}}
+    return tools, choice
+
+
+def chat_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
+    """text.format -> the chat route's response_format."""
+    fmt = (text or {}).get("format")
+    if not fmt or fmt.get("type") in (None, "text"):
+        return None
+    if fmt.get("type") == "json_schema":
+        return {
+            "type": "json_schema",
+            "json_schema": {"name": fmt.get("name", "reply"), "schema": fmt.get("schema")},
+        }
+    return fmt
+
+
+# -- routes ----------------------------------------------------------------------------------------
+@routes.post("/v1/responses")
+async def create(request: web.Request) -> web.StreamResponse:
+    app = request.app
+    req: ResponsesRequest = parse(ResponsesRequest, await read_body(request, app[CAPS].text))
+    if req.goinfer_confidence:
+        raise bad_request("goinfer_confidence is not offered on /v1/responses", param="goinfer_confidence")
+    history: list[dict[str, Any]] = []
+    if req.previous_response_id is not None:
+        prior = app[RESPONSES].get(req.previous_response_id)
+        if prior is None:
+            raise APIError(
+                404,
+                f"previous_response_id {req.previous_response_id!r} is not stored here (the server "
+                f"keeps the last {app[RESPONSES].capacity} stored responses, in memory)",
+                param="previous_response_id",
+                code="response_not_found",
+            )
+        history = prior.conversation
+    slot = app[REGISTRY].route(req.model)
+    tools, choice = chat_tools(req)
+    fmt = chat_format(req.text)
+    rules = planning.rules(slot.engine, fmt, False, tools, choice, req.parallel_tool_calls)
+    conversation = history + input_messages(req.input)
+    system = [{"role": "system", "content": req.instructions}] if req.instructions else []
+    messages = prepare_messages(system + conversation, rules.tools, slot.engine.info.chat_template)
+    ids = await prompt_ids(slot, partial(slot.engine.chat_ids, **rules.template_vars()), messages)
+    sampling = planning.Sampling(
+        temperature=req.temperature, top_p=req.top_p, seed=req.seed, max_tokens=req.max_output_tokens,
+        max_tokens_field="max_output_tokens",
+    )  # fmt: skip
+    job = planning.make_plan(
+        sampling, ids, slot.name, slot.engine.info.context_window, rules, prompt_field="input"
+    )
+    store = app[RESPONSES]
+
+    def keep(response: dict[str, Any], reply: list[dict[str, Any]]) -> None:
+        if req.store:
+            store.put(Stored(response, conversation + reply))
+
+    echo = {
+        "instructions": req.instructions,
+        "max_output_tokens": req.max_output_tokens,
+        "metadata": req.metadata or {},
+        "parallel_tool_calls": rules.tools.parallel if rules.tools else bool(req.parallel_tool_calls),
+        "previous_response_id": req.previous_response_id,
+        "store": req.store,
+        "temperature": job.params.temperature,
+        "top_p": job.params.top_p,
+        "tool_choice": req.tool_choice or "auto",
+        "tools": req.tools or [],
+        "text": req.text or {"format": {"type": "text"}},
+    }
+    cfg = app[CONFIG]
+    run = slot.submit(partial(job.deltas, slot.engine), cfg.poll_s, cfg.retry_after_s)
+    builder = ResponseEvents(slot.name, len(ids), echo, keep)
+    return await respond(
+        request, run, builder, stream=req.stream, keepalive_s=cfg.keepalive_s, fold=fold_response
+    )
+
+
+@routes.get("/v1/responses/{response_id}")
+async def retrieve(request: web.Request) -> web.Response:
+    rid = request.match_info["response_id"]
+    item = request.app[RESPONSES].get(rid)
+    if item is None:
+        raise APIError(404, f"no stored response {rid!r}", param="response_id", code="response_not_found")
+    return web.json_response(item.response)
+
+
+# -- the stream ------------------------------------------------------------------------------------
+def _hex() -> str:
+    return uuid.uuid4().hex[:24]
+
+
+class ResponseEvents(EventBuilder):
+    """Deltas -> the Responses stream: lifecycle events around output items (a message with one
+    output_text part; one function_call item per call), each with a sequence number."""
+
+    sse_end = None
+
+    def __init__(
+        self,
+        model: str,
+        input_tokens: int,
+        echo: dict[str, Any],
+        keep: Callable[[dict[str, Any], list[dict[str, Any]]], None],
+    ):
+        self.id, self.created = f"resp_{_hex()}", int(time.time())
+        self.model, self.input_tokens, self.echo, self.keep = model, input_tokens, echo, keep
+        self.seq = 0
+        self.items: list[dict[str, Any]] = []  # finished output items
+        self.open: dict[str, Any] | None = None  # the item being written
+
+    def sse(self, chunk: Chunk) -> bytes:
+        return named_event(chunk)
+
+    def sse_error(self, err: APIError) -> bytes:
+        body = err.body()["error"]
+        return named_event(
+            {"type": "error", "code": body["code"], "message": body["message"], "param": body["param"]}
+        )
+
+    def _event(self, kind: str, **fields: Any) -> Chunk:
+        self.seq += 1
+        return {"type": kind, "sequence_number": self.seq - 1, **fields}
+
+    def response(self, status: str, usage: dict[str, Any] | None = None, reason: str | None = None) -> dict:
+        return {
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created,
+            "status": status,
+            "model": self.model,
+            "output": list(self.items),
+            "usage": usage,
+            "error": None,
+            "incomplete_details": {"reason": reason} if reason else None,
+            **self.echo,
+        }
+
+    def start(self) -> list[Chunk]:
+        r = self.response("in_progress")
+        return [self._event("response.created", response=r), self._event("response.in_progress", response=r)]
+
+    def _index(self) -> int:
+        return len(self.items)
+
+    def _close(self) -> list[Chunk]:
+        item, self.open = self.open, None
+        if item is None:
+            return []
+        i, out = self._index(), []
+        item["status"] = "completed"
+        if item["type"] == "message":
+            part = item["content"][0]
+            where = {"item_id": item["id"], "output_index": i, "content_index": 0}
+            out += [self._event("response.output_text.done", **where, text=part["text"], logprobs=[]),
+                    self._event("response.content_part.done", **where, part=part)]  # fmt: skip
+        else:
+            where = {"item_id": item["id"], "output_index": i}
+            out.append(
+                self._event("response.function_call_arguments.done", **where, arguments=item["arguments"])
+            )
+        self.items.append(item)
+        return [*out, self._event("response.output_item.done", output_index=i, item=item)]
+
+    def _begin(self, item: dict[str, Any]) -> list[Chunk]:
+        out = self._close()
+        self.open = item
+        shown = {**item, "status": "in_progress"}
+        if item["type"] == "message":
+            shown["content"] = []
+        out.append(self._event("response.output_item.added", output_index=self._index(), item=shown))
+        if item["type"] == "message":
+            part = {"type": "output_text", "text": "", "annotations": []}
+            where = {"item_id": item["id"], "output_index": self._index(), "content_index": 0}
+            out.append(self._event("response.content_part.added", **where, part=part))
+        return out
+
+    def step(self, d: Delta) -> list[Chunk]:
+        out: list[Chunk] = []
+        if d.text:
+            if self.open is None or self.open["type"] != "message":
+                part = {"type": "output_text", "text": "", "annotations": []}
+                out += self._begin({"type": "message", "id": f"msg_{_hex()}", "status": "in_progress",
+                                    "role": "assistant", "content": [part]})  # fmt: skip
+            assert self.open is not None
+            self.open["content"][0]["text"] += d.text
+            where = {"item_id": self.open["id"], "output_index": self._index(), "content_index": 0}
+            out.append(self._event("response.output_text.delta", **where, delta=d.text, logprobs=[]))
+        for t in d.tool_calls:
+            if t.id is not None:
+                item = {"type": "function_call", "id": f"fc_{_hex()}", "call_id": t.id, "name": t.name}
+                out += self._begin({**item, "arguments": "", "status": "in_progress"})
+            if t.arguments and self.open is not None:
+                self.open["arguments"] += t.arguments
+                where = {"item_id": self.open["id"], "output_index": self._index()}
+                out.append(self._event("response.function_call_arguments.delta", **where, delta=t.arguments))
+        if d.finish_reason is None:
+            return out
+        out += self._close()
+        used = d.usage.completion_tokens if d.usage else 0
+        usage = {
+            "input_tokens": self.input_tokens,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": used,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": self.input_tokens + used,
+        }
+        cut = d.finish_reason == "length"
+        final = self.response(
+            "incomplete" if cut else "completed", usage, "max_output_tokens" if cut else None
+        )
+        self.keep(final, _as_chat(self.items))
+        return [*out, self._event("response.incomplete" if cut else "response.completed", response=final)]
+
+
+def _as_chat(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The reply as chat messages, for a conversation continued by previous_response_id."""
+    text = "".join(i["content"][0]["text"] for i in items if i["type"] == "message")
+    calls = [
+        {"id": i["call_id"], "type": "function", "function": {"name": i["name"], "arguments": i["arguments"]}}
+        for i in items
+        if i["type"] == "function_call"
+    ]
+    msg: dict[str, Any] = {"role": "assistant", "content": text}
+    if calls:
+        msg["tool_calls"] = calls
+    return [msg]
+
+
+def fold_response(events: Iterable[Chunk]) -> dict[str, Any]:
+    """The non-streaming reply: the final response object the stream ends with."""
+    final = None
+    for e in events:
+        if e["type"] in ("response.completed", "response.incomplete"):
+            final = e["response"]
+    assert final is not None, "a finished stream ends with its response"
+    return final

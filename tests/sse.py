@@ -1,0 +1,19 @@
+"""Reading a named-event SSE body (the Anthropic and Responses streams) in tests."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+def named_events(raw: str) -> list[dict[str, Any]]:
+    """Each event's data; checks that the stream has no [DONE] and that each event is named by its
+    data's type."""
+    assert "[DONE]" not in raw
+    out = []
+    for block in raw.strip().split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in block.split("\n"))
+        data = json.loads(lines["data"])
+        assert lines["event"] == data["type"]
+        out.append(data)
+    return out
