@@ -41,10 +41,35 @@ def compile_json_schema(schema: dict[str, Any] | bool) -> str:
     if not isinstance(schema, dict):
         raise GrammarError("the schema must be a JSON object")
     try:
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(closed(schema), defaults=JSON_OPTIONS)
     except ValueError as e:
         raise GrammarError(str(e)) from None
     return _validated(grammar)
+
+
+def closed(schema: Any, inside_all_of: bool = False) -> Any:
+    """The schema with each object that lists its properties, and says nothing of others, closed to
+    them. Every reply stays valid for the schema as given, but a small model can no longer append
+    invented keys until max_tokens runs out (Gemma 3 270M did, on a one-field schema). Branches of
+    an allOf stay open: closing them would make the intersection unsatisfiable."""
+    if isinstance(schema, list):
+        return [closed(s, inside_all_of) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for key, value in schema.items():
+        if key in ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas"):
+            out[key] = {k: closed(v) for k, v in value.items()} if isinstance(value, dict) else value
+        elif key in ("items", "prefixItems", "anyOf", "oneOf", "not", "additionalProperties", "contains"):
+            out[key] = closed(value)
+        elif key == "allOf":
+            out[key] = closed(value, inside_all_of=True)
+        else:
+            out[key] = value
+    opened = ("additionalProperties", "patternProperties", "unevaluatedProperties")
+    if "properties" in out and not inside_all_of and not any(k in out for k in opened):
+        out["additionalProperties"] = False
+    return out
 
 
 def compile_lark(lark: str) -> str:
@@ -74,8 +99,8 @@ def lark_literal(text: str, tok: llguidance.LLTokenizer | None = None) -> str:
 
 
 def json_in_lark(schema: dict[str, Any]) -> str:
-    """A JSON schema as a lark rule body (`%json{...}`), with our separators."""
-    return "%json" + json.dumps({**schema, "x-guidance": JSON_OPTIONS}, separators=(",", ":"))
+    """A JSON schema as a lark rule body (`%json{...}`), closed (see `closed`), with our separators."""
+    return "%json" + json.dumps({**closed(schema), "x-guidance": JSON_OPTIONS}, separators=(",", ":"))
 
 
 @functools.lru_cache(maxsize=256)

@@ -153,3 +153,16 @@ def test_templates_get_transformers_tojson():
     # keys in the order given and no HTML escaping, as transformers renders tool schemas
     out = render_chat("{{ tools | tojson }}", [], add_generation_prompt=False, tools=[{"b": 1, "a": "<x>&"}])
     assert out == '[{"b": 1, "a": "<x>&"}]'
+
+
+def test_schemas_are_closed_to_invented_keys_only_where_they_list_properties():
+    s = {"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {"type": "integer"}}},
+                                          "free": {"type": "object"}, "open": {"type": "object",
+                                          "properties": {}, "additionalProperties": True}},
+         "allOf": [{"properties": {"x": {}}}]}  # fmt: skip
+    c = g.closed(s)
+    assert c["additionalProperties"] is False and c["properties"]["a"]["additionalProperties"] is False
+    assert "additionalProperties" not in c["properties"]["free"]  # lists no properties: any object
+    assert c["properties"]["open"]["additionalProperties"] is True
+    assert "additionalProperties" not in c["allOf"][0]
+    assert "additionalProperties" not in s  # the request's schema is not changed
