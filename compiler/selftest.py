@@ -1,10 +1,11 @@
 """Build-time half of the startup self-test: small fixed kernel fixtures, compiled per CPU tier.
 
 Each fixture is one of our dispatched kernels (the int4 GEMV and its token-tiled GEMM, int8,
-int8int8 with its run-time activation quantizer, f32) on a tiny fixed input, with the answer its
-portable numpy twin gives. The runtime (runtime/selftest.py) runs every tier's library on them
-before trusting that tier with a model: a wrong kernel on some CPU returns slightly wrong numbers
-rather than crashing, and this is how it gets caught.
+int8int8's GEMV and GEMM with their run-time activation quantizer, f32) on a tiny fixed input, with
+the answer its portable numpy twin gives. A kernel with an ISA-specific form (int8int8's VNNI one)
+is compiled in the form each tier's model gets. The runtime (runtime/selftest.py) runs every
+tier's library on them before trusting that tier with a model: a wrong kernel on some CPU returns
+slightly wrong numbers rather than crashing, and this is how it gets caught.
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ from tvm import te, tirx
 from .lower import tvm_api
 from .quant import f32, int4, int8, int8int8
 
-# 37 rows: not a multiple of int4's row task (exercises the clamped tail); 256 columns: full
-# 16-word vectors. 6 tokens: one 4-token tile plus a 2-token tail; 1 token: the decode path;
-# 40 tokens: int4's prefill panel path (six 6-token tiles and a 4-token tail).
+# 37 rows: not a multiple of int4's row task nor of int8int8's 16-row block (exercises the clamped
+# tails); 256 columns: full 16-word vectors. 6 tokens: one 4-token tile plus a 2-token tail; 1
+# token: the decode path; 40 tokens: int4's prefill panel path (six 6-token tiles and a 4-token
+# tail), and int8int8's (six 6-token tiles and a 4-token tail, over two 2-block tasks).
 OUT, IN = 37, 256
 TOLERANCE = 1e-5  # max |got - want| / max |want|; the kernels measure ~5e-7 on every tier here
 
@@ -57,10 +59,11 @@ def fixtures(seed: int = 0) -> dict[str, tuple[tirx.PrimFunc, list[np.ndarray], 
     w8 = p8["weight"].astype(np.float64) * p8["scale"][:, None]
     out["int8_m6"] = (_te_kernel(int8, 6), [x6, p8["weight"], p8["scale"]], (x6 @ w8.T).astype(np.float32))
 
-    xq, xs = int8int8.quantize_activations(x6)
-    dot = xq.astype(np.int64) @ p8["weight"].astype(np.int64).T
-    want = (dot * (xs.astype(np.float64)[:, None] * p8["scale"][None, :])).astype(np.float32)
-    out["int8int8_m6"] = (_te_kernel(int8int8, 6), [x6, p8["weight"], p8["scale"]], want)
+    p88 = int8int8.pack(w)
+    for m in (1, 6, 40):
+        x = x40[:m]
+        inputs = [x, p88["weight"], p88["wsum"], p88["scale"]]
+        out[f"int8int8_m{m}"] = (int8int8.kernel(OUT, IN), inputs, int8int8.reference(*inputs))
 
     out["f32_m6"] = (
         _te_kernel(f32, 6),

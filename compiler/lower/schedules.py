@@ -49,7 +49,7 @@ def _parallel_outer(sch: s_tir.Schedule, block) -> None:
 
 
 def _try_reverse_compute_at(sch: s_tir.Schedule, block, loop) -> bool:
-    """Fuse an epilogue under `loop` when all its producers live there (int8: yes; int8int8: no)."""
+    """Fuse an epilogue under `loop` when all its producers live there (int8: yes)."""
     try:
         sch.reverse_compute_at(block, loop)
     except s_tir.ScheduleError:
@@ -90,7 +90,7 @@ class QuantMatmul(dlight.ScheduleRule):
                 continue
             if name == "qmatmul_scale" and _try_reverse_compute_at(sch, block, ni):
                 continue
-            # Activation quantization (int8int8) and its rescale: per token, in parallel.
+            # Anything else in the function (an unfused epilogue): in parallel.
             _parallel_outer(sch, block)
         return sch
 

@@ -112,6 +112,7 @@ def compile_module(mod: tvm.IRModule, target: Target, schedule_rules: list[dligh
 
     @tvm.transform.module_pass(opt_level=0)
     def pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        mod = pick_isa_variants(mod, target)
         passes = [
             relax.backend.DispatchSampling(),
             relax.backend.DispatchSortScan(),
@@ -171,10 +172,46 @@ def cpu_tiers(num_cores: int | None = None) -> list[tuple[str, dict[str, Any]]]:
     return tiers
 
 
+# -- kernels with an ISA-specific form ------------------------------------------------------------
+# A model is exported once and compiled for every tier, so a kernel that only some tiers can run
+# (an intrinsic LLVM cannot select elsewhere) is exported in its portable form, carrying the others
+# under this attribute as (LLVM CPU feature, PrimFunc) pairs, best first; compiling swaps in the
+# first whose feature the target has. Every form keeps the same signature.
+ISA_VARIANTS = "goinfer.isa_variants"
+
+
+def with_isa_variants(portable: tirx.PrimFunc, variants: list[tuple[str, tirx.PrimFunc]]) -> tirx.PrimFunc:
+    return portable.with_attr(ISA_VARIANTS, [[feature, f] for feature, f in variants])
+
+
+def pick_isa_variants(mod: tvm.IRModule, target: Target) -> tvm.IRModule:
+    """Each tagged PrimFunc replaced by its form for `target` (attributes other than the tag kept)."""
+    feats = codegen.llvm_get_cpu_features(target)
+    out = mod.clone()
+    for gv, func in mod.functions_items():
+        if not isinstance(func, tirx.PrimFunc) or func.attrs is None or ISA_VARIANTS not in func.attrs:
+            continue
+        chosen = next((f for feature, f in func.attrs[ISA_VARIANTS] if str(feature) in feats), func)
+        for key, value in func.attrs.items():
+            if key != ISA_VARIANTS:
+                chosen = chosen.with_attr(key, value)
+        out.update_func(gv, chosen.without_attr(ISA_VARIANTS))
+    return out
+
+
+def vpdpbusd_512(acc, a, b):
+    """AVX-512 VNNI: each int32 lane of acc (int32x16) plus the 4 products of its bytes, u8 of `a`
+    times s8 of `b` (both int32x16). LLVM 22 retyped the byte operands as <64 x i8>."""
+    if codegen.llvm_version_major() >= 22:
+        a, b = tirx.reinterpret("int8x64", a), tirx.reinterpret("int8x64", b)
+    return tirx.call_llvm_pure_intrin("int32x16", "llvm.x86.avx512.vpdpbusd.512", acc, a, b)
+
+
 def compile_kernels(funcs: dict[str, tirx.PrimFunc], target: dict[str, Any], path: str) -> None:
     """Compile standalone TIR kernels (each callable by its name) into a shared library."""
     tgt = make_target(target)
     mod = tvm.IRModule({name: f.with_attr("global_symbol", name) for name, f in funcs.items()})
+    mod = pick_isa_variants(mod, tgt)
     with tgt:
         mod = dlight.ApplyDefaultSchedule(*_schedule_rules())(mod)
     tvm.compile(mod, tgt).export_library(path)

@@ -1,51 +1,307 @@
-"""int8int8: int8 weights per row (as int8) and int8 activations per token, int32 accumulation.
+"""int8int8 (W8A8): int8 weights per row, int8 activations per token, int32 accumulation.
 
 Activations are quantized at run time: scale_x[t] = max|x[t, :]| / 127. The product of the two
 scales turns the int32 dot product back into float32.
+
+Layout, chosen for AVX-512 VNNI (vpdpbusd: 16 int32 lanes, each += 4 u8 x s8 products):
+  weight (ceil(out/16), in/4, 16) int32: word [b, j, r] holds the int8 weights of row 16b + r at
+         k = 4j .. 4j+3 (byte i at bits 8i), so one 64-byte vector is 16 rows x 4 k, the rows of a
+         block are contiguous along k, and the rows past `out` are zero padding.
+  wsum   (out,) int32: sum over k of row n's int8 weights (undoes the kernel's +128 offset).
+  scale  (out,) float32: row n's weight scale.
 """
 
 from __future__ import annotations
 
 import numpy as np
 from tvm import te, tirx
+from tvm.script import tirx as T
 
+from ..lower import tvm_api
 from . import int8
-from .lanes import LANES, lane_matmul
 
 NAME = "int8int8"
-param_specs = int8.param_specs
-pack = int8.pack
-dequant = int8.dequant
-take = int8.take
+ROW_BLOCK = 16  # output rows per weight vector (one int32 lane each)
+PER_WORD = 4  # k values per int32 word
+OFFSET = 128  # activations go in as x + 128 (vpdpbusd's unsigned operand)
 
 
-def linear(x: te.Tensor, weight: te.Tensor, scale: te.Tensor) -> te.Tensor:
-    m, kdim = x.shape
-    ra = te.reduce_axis((0, kdim), name="ka")
-    amax = te.compute((m,), lambda i: te.max(tirx.abs(x[i, ra]), axis=ra), name="act_amax")
-    xscale = te.compute(
-        (m,),
-        lambda i: tirx.Select(amax[i] > 0, amax[i] / 127.0, tirx.const(1.0, "float32")),
-        name="act_scale",
-    )
-    xq = te.compute(
-        (m, kdim),
-        lambda i, k: tirx.max(tirx.min(tirx.round(x[i, k] / xscale[i]), 127.0), -127.0).astype("int8"),
-        name="act_quant",
-    )
+def param_specs(out_features: int, in_features: int) -> dict[str, tuple[tuple[int, ...], str]]:
+    if in_features % PER_WORD:
+        raise ValueError(f"int8int8 needs in_features divisible by {PER_WORD}, got {in_features}")
+    blocks = -(-out_features // ROW_BLOCK)
+    return {
+        "weight": ((blocks, in_features // PER_WORD, ROW_BLOCK), "int32"),
+        "wsum": ((out_features,), "int32"),
+        "scale": ((out_features,), "float32"),
+    }
 
-    def product(i, n, ko, ki):
-        k = ko * LANES + ki
-        return xq[i, k].astype("int32") * weight[n, k].astype("int32")
 
-    acc = lane_matmul(x, weight.shape[0], product)
-    return te.compute(
-        acc.shape, lambda i, n: acc[i, n].astype("float32") * (xscale[i] * scale[n]), name="qmatmul_scale"
-    )
+def pack(weight: np.ndarray) -> dict[str, np.ndarray]:
+    p = int8.pack(weight)  # per-row symmetric int8, as weight-only int8
+    q, scale = p["weight"], p["scale"]
+    n, k = q.shape
+    blocks = -(-n // ROW_BLOCK)
+    padded = np.zeros((blocks * ROW_BLOCK, k), np.int8)
+    padded[:n] = q
+    words = padded.reshape(blocks, ROW_BLOCK, k // PER_WORD, PER_WORD).transpose(0, 2, 1, 3)
+    return {
+        "weight": np.ascontiguousarray(words).view("<i4").reshape(blocks, k // PER_WORD, ROW_BLOCK),
+        "wsum": q.astype(np.int32).sum(axis=1, dtype=np.int32),
+        "scale": scale,
+    }
+
+
+def unpack(weight: np.ndarray, out_features: int) -> np.ndarray:
+    """numpy twin of the layout: the (out, in) int8 weights `pack` quantized (tests)."""
+    blocks, words, _ = weight.shape
+    b = np.ascontiguousarray(weight).view(np.int8).reshape(blocks, words, ROW_BLOCK, PER_WORD)
+    return b.transpose(0, 2, 1, 3).reshape(blocks * ROW_BLOCK, words * PER_WORD)[:out_features]
 
 
 def quantize_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The numpy twin of the run-time activation quantization (used by tests)."""
     amax = np.abs(x).max(axis=-1)
-    s = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
-    return np.clip(np.rint(x / s[..., None]), -127, 127).astype(np.int8), s
+    s = np.where(amax > 0, amax / np.float32(127), np.float32(1)).astype(np.float32)
+    inv = np.float32(1) / s  # the kernels multiply by the reciprocal, rounded as here
+    return np.clip(np.rint(x * inv[..., None]), -127, 127).astype(np.int8), s
+
+
+def reference(x: np.ndarray, weight: np.ndarray, wsum: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """What the kernels compute, in numpy: int8 activations x int8 weights, exact int32 sums."""
+    xq, xs = quantize_activations(x)
+    dot = xq.astype(np.int64) @ unpack(weight, scale.shape[0]).astype(np.int64).T
+    return (dot * (xs.astype(np.float64)[:, None] * scale[None, :])).astype(np.float32)
+
+
+def _byte(word, i: int):
+    """Sign-extended byte i of int32 word(s)."""
+    return T.shift_right(T.shift_left(word, 24 - 8 * i), 24)
+
+
+def take(ids: te.Tensor, weight: te.Tensor, wsum: te.Tensor, scale: te.Tensor) -> te.Tensor:
+    """Embedding rows (a tied LM head's view), dequantized; wsum is the matmul's alone."""
+
+    def row(t, k):
+        n = ids[t]
+        word = weight[n // ROW_BLOCK, k // PER_WORD, n % ROW_BLOCK]
+        shift = (24 - 8 * (k % PER_WORD)).astype("int32")
+        q = tirx.shift_right(tirx.shift_left(word, shift), tirx.const(24, "int32"))
+        return q.astype("float32") * scale[n]
+
+    return te.compute((ids.shape[0], weight.shape[1] * PER_WORD), row, name="qtake")
+
+
+PREFETCH_BYTES = 2048  # software prefetch distance along a row block: the hardware prefetcher lags
+DECODE_K_UNROLL = 4  # m = 1: independent accumulators along k (a vpdpbusd's latency is ~5 issues)
+# Prefill register tile: PANEL_TOKENS tokens x PANEL_BLOCKS row blocks of int32x16 accumulators.
+# VNNI: 6 x 2 = 12 accumulators + 2 weight vectors of 32 zmm. Portable: int32x16 is two ymm on
+# AVX2 (16 ymm), so a smaller tile that does not spill.
+PANEL_TILE = {True: (6, 2), False: (4, 1)}
+AMAX_CHAINS = 4  # prologue: independent max chains
+VNNI_FEATURE = "avx512vnni"
+
+
+def kernel(out_features: int, in_features: int) -> tirx.PrimFunc:
+    """y = x @ W^T for W8A8: the portable kernel, carrying its VNNI form for the tiers that have it
+    (tvm_api swaps it in when compiling for such a target). The ideas, each measured on this 2-core
+    VM (8-10 GB/s from `python -m bench.bandwidth` that day):
+
+    1. Rows interleaved in blocks of 16 (see the module doc): one vpdpbusd is 16 rows x 4 k, its
+       lanes are the 16 outputs, so no horizontal sums; the activation operand is one broadcast
+       32-bit word (4 bytes of x) straight from L1.
+    2. vpdpbusd multiplies u8 by s8, so x goes in as q + 128 and 128 * wsum is taken off after.
+       Spelled out with the LLVM intrinsic: LLVM never forms vpdpbusd by itself.
+    3. Accumulators are small buffers inside the parallel task, so LLVM keeps them in registers
+       (under 1024 bytes: a larger one is a workspace allocation, stored to on every step: an 8x2
+       tile ran at half the 6x2's speed). Decode (m = 1) splits k over DECODE_K_UNROLL of them to
+       hide the vpdpbusd latency, and quantizes its one token serially (no parallel launch: a
+       37x256 call went from 10 to 6 us).
+    4. Software prefetch PREFETCH_BYTES ahead along each row block (one 64-byte line per step).
+    5. m >= 2: a PANEL_TILE register tile, 6 tokens x 2 row blocks, over tasks of 32 rows kept in
+       L1/L2 across the token tiles; one weight load feeds 6 vpdpbusd. From m = 4 on it beat 4-token
+       tiles over single blocks (896x4864, m = 6: 642 -> 403 us), so there is no middle path.
+    6. The prologue quantizes x per token in 16-lane vectors (4 independent amax chains; x times
+       1/scale rather than a vdivps per vector): O(m*K), in parallel over tokens.
+    Decode, m = 1, cold weights: 7.4 GB/s on Qwen-0.5B's gate_up (9728x896), 10.9 on its down
+    (896x4864), 6-9 on the LM heads (49152x576, 151936x896); the 0.5-1 MB shapes 18-28 GB/s
+    (partly the L3). The te + rfactor schedule this replaced: ~0.5 GB/s. Prefill, m = 512:
+    216-326 GOP/s over the SmolLM2-135M and Qwen-0.5B shapes (int4's panel GEMM, same day:
+    53-72 GFLOP/s). One core alone: ~0.9 vpdpbusd per cycle. The portable form on the AVX2 tier
+    (LLVM makes its int32 multiplies pmaddwd): 6.6-7.6 GB/s decode, ~20 GOP/s prefill.
+    """
+    portable = _gemm(out_features, in_features, vnni=False)
+    return tvm_api.with_isa_variants(portable, [(VNNI_FEATURE, _gemm(out_features, in_features, vnni=True))])
+
+
+def kernel_variant(out_features: int, in_features: int, vnni: bool) -> tirx.PrimFunc:
+    """One form of `kernel` on its own (tests compile each against numpy)."""
+    return _gemm(out_features, in_features, vnni)
+
+
+def _vector_lanes(n: int) -> int:
+    return next(v for v in (16, 8, 4) if n % v == 0)
+
+
+def _gemm(n_rows: int, in_features: int, vnni: bool) -> tirx.PrimFunc:
+    words, lanes = in_features // PER_WORD, ROW_BLOCK
+    blocks = -(-n_rows // lanes)
+    vl = _vector_lanes(in_features)  # prologue vector width
+    n_vec = in_features // vl
+    ahead = PREFETCH_BYTES // (lanes * 4)  # in words: a block's step along k is one 64-byte line
+    panel_tokens, panel_blocks = PANEL_TILE[vnni]
+    panel_tasks = -(-blocks // panel_blocks)
+
+    def vec(start, n=lanes):
+        return T.ramp(start, 1, n)
+
+    def dot(acc, xq, t, j, wv):
+        """acc (int32x16) + the 4-k dot products of x[t, 4j:4j+4] with the 16 rows in wv."""
+        if vnni:
+            a = T.Broadcast(T.reinterpret("int32", xq[t, vec(j * PER_WORD, PER_WORD)]), lanes)
+            return tvm_api.vpdpbusd_512(acc, a, wv)
+        total = acc
+        for i in range(PER_WORD):
+            # a sign-extended byte times a widened u8: both fit in 16 bits, so LLVM makes the
+            # int32 multiply a pmaddwd (an int32 activation, of unknown range, costs a pmulld)
+            total = total + _byte(wv, i) * T.Broadcast(T.Cast("int32", xq[t, j * PER_WORD + i]), lanes)
+        return total
+
+    # Index helpers (Python, so they inline: a TVMScript assignment becomes a stored variable).
+    # A tile hanging over the last block or token reads the clamped one and stores nothing.
+    def blk(b0, r):
+        return T.min(b0 + r, blocks - 1)
+
+    def tok(t0, t, m):
+        return T.min(t0 + t, m - 1)
+
+    def k_sum(acc, t, r, ku):
+        total = acc[t, r, 0, vec(0)]
+        for u in range(1, ku):
+            total = total + acc[t, r, u, vec(0)]
+        return total
+
+    def hmax(v, n):
+        top = v[0, 0]
+        for c in range(AMAX_CHAINS):
+            for i in range(n):
+                if c or i:
+                    top = T.max(top, v[c, i])
+        return top
+
+    def scale_of(amax):
+        return T.Select(amax > T.float32(0), amax / T.float32(127), T.float32(1))
+
+    @T.macro
+    def quantize(x, xq, xs, t):
+        """Token t of x into xq (as q + 128) and its scale into xs."""
+        # max |x| over AMAX_CHAINS independent vectors (one vmaxps chain is latency-bound)
+        peak = T.alloc_buffer((AMAX_CHAINS, vl), "float32")
+        for c in T.unroll(AMAX_CHAINS):
+            peak[c, vec(0, vl)] = T.Broadcast(T.float32(0), vl)
+        for j in T.serial(n_vec // AMAX_CHAINS):
+            for c in T.unroll(AMAX_CHAINS):
+                peak[c, vec(0, vl)] = T.max(
+                    peak[c, vec(0, vl)], T.abs(x[t, vec((j * AMAX_CHAINS + c) * vl, vl)])
+                )
+        for j in T.serial(n_vec % AMAX_CHAINS):
+            peak[0, vec(0, vl)] = T.max(
+                peak[0, vec(0, vl)], T.abs(x[t, vec((n_vec // AMAX_CHAINS * AMAX_CHAINS + j) * vl, vl)])
+            )
+        xs[t] = scale_of(hmax(peak, vl))
+        for j in T.serial(n_vec):
+            # x times 1/scale, not x / scale: a divide per vector was most of the prologue
+            xq[t, vec(j * vl, vl)] = T.Cast(
+                f"uint8x{vl}",
+                T.Cast(
+                    f"int32x{vl}",
+                    T.max(
+                        T.min(
+                            T.nearbyint(x[t, vec(j * vl, vl)] * T.Broadcast(T.float32(1) / xs[t], vl)),
+                            T.Broadcast(T.float32(127), vl),
+                        ),
+                        T.Broadcast(T.float32(-127), vl),
+                    ),
+                )
+                + T.Broadcast(T.int32(OFFSET), vl),
+            )
+
+    @T.macro
+    def tile(w, wsum, scale, y, xq, xs, m, b0, t0, tm, rb, ku):
+        """Tokens t0 .. t0+tm-1 x row blocks b0 .. b0+rb-1, k split over ku accumulators."""
+        acc = T.alloc_buffer((tm, rb, ku, lanes), "int32")
+        for t in T.unroll(tm):
+            for r in T.unroll(rb):
+                for u in T.unroll(ku):
+                    acc[t, r, u, vec(0)] = T.Broadcast(T.int32(0), lanes)
+        for jo in T.serial(words // ku):
+            for u in T.unroll(ku):
+                for r in T.unroll(rb):
+                    T.evaluate(
+                        T.call_llvm_intrin(
+                            "void",
+                            "llvm.prefetch.p0",
+                            T.address_of(w[blk(b0, r), jo * ku + u + ahead, 0]),
+                            0,
+                            3,
+                            1,
+                        )
+                    )
+                    for t in T.unroll(tm):
+                        acc[t, r, u, vec(0)] = dot(
+                            acc[t, r, u, vec(0)],
+                            xq,
+                            tok(t0, t, m),
+                            jo * ku + u,
+                            w[blk(b0, r), jo * ku + u, vec(0)],
+                        )
+        for jt in T.serial(words % ku):  # k left over when ku does not divide it
+            for r in T.unroll(rb):
+                for t in T.unroll(tm):
+                    acc[t, r, 0, vec(0)] = dot(
+                        acc[t, r, 0, vec(0)], xq, tok(t0, t, m), words // ku * ku + jt,
+                        w[blk(b0, r), words // ku * ku + jt, vec(0)],
+                    )  # fmt: skip
+        for t in T.unroll(tm):
+            for r in T.unroll(rb):
+                if t0 + t < m and b0 + r < blocks:
+                    if (b0 + r + 1) * lanes <= n_rows:
+                        y[t0 + t, vec((b0 + r) * lanes)] = T.Cast(
+                            "float32x16", k_sum(acc, t, r, ku) - wsum[vec((b0 + r) * lanes)] * OFFSET
+                        ) * (T.Broadcast(xs[t0 + t], lanes) * scale[vec((b0 + r) * lanes)])
+                    else:  # the last block, with rows past `out`: lane by lane
+                        acc[t, r, 0, vec(0)] = k_sum(acc, t, r, ku)
+                        for i in T.serial(n_rows - (b0 + r) * lanes):
+                            y[t0 + t, (b0 + r) * lanes + i] = T.Cast(
+                                "float32", acc[t, r, 0, i] - wsum[(b0 + r) * lanes + i] * OFFSET
+                            ) * (xs[t0 + t] * scale[(b0 + r) * lanes + i])
+
+    @T.prim_func(private=True)  # private: relax names each instance
+    def int8int8_gemm(
+        x_h: T.handle,
+        w: T.Buffer((blocks, words, lanes), "int32"),
+        wsum: T.Buffer((n_rows,), "int32"),
+        scale: T.Buffer((n_rows,), "float32"),
+        y_h: T.handle,
+    ):
+        T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
+        m = T.int64()
+        x = T.match_buffer(x_h, (m, in_features), "float32")
+        y = T.match_buffer(y_h, (m, n_rows), "float32")
+        xq = T.alloc_buffer((m, in_features), "uint8")  # x + 128
+        xs = T.alloc_buffer((m,), "float32")
+        if m == 1:
+            quantize(x, xq, xs, 0)  # serial: one token is not worth a parallel launch
+            for b in T.parallel(blocks):
+                tile(w, wsum, scale, y, xq, xs, m, b, T.int64(0), 1, 1, DECODE_K_UNROLL)
+        else:
+            for t in T.parallel(m):
+                quantize(x, xq, xs, t)
+            for task in T.parallel(panel_tasks):
+                for tb in T.serial((m + panel_tokens - 1) // panel_tokens):
+                    tile(
+                        w, wsum, scale, y, xq, xs, m, task * panel_blocks, tb * panel_tokens,
+                        panel_tokens, panel_blocks, 1,
+                    )  # fmt: skip
+
+    return int8int8_gemm
