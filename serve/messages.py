@@ -21,9 +21,8 @@ from pydantic import Field
 from . import plan as planning
 from .chunks import Chunk, EventBuilder, named_event
 from .errors import APIError, bad_request
-from .keys import CAPS, CONFIG, REGISTRY
-from .respond import respond
-from .routes import prompt_ids, read_body
+from .keys import CAPS, REGISTRY
+from .routes import prompt_ids, read_body, run_plan
 from .schemas import _Body, parse
 from .tools import prepare_messages
 
@@ -184,12 +183,7 @@ async def create(request: web.Request) -> web.StreamResponse:
         stops=tuple(req.stop_sequences or ()),
     )
     job = planning.make_plan(sampling, ids, slot.name, slot.engine.info.context_window, rules)
-    cfg = request.app[CONFIG]
-    run = slot.submit(partial(job.deltas, slot.engine), cfg.poll_s, cfg.retry_after_s)
-    builder = MessageEvents(slot.name, len(ids))
-    return await respond(
-        request, run, builder, stream=req.stream, keepalive_s=cfg.keepalive_s, fold=fold_message
-    )
+    return await run_plan(request, slot, job, MessageEvents(slot.name, len(ids)), req.stream, fold_message)
 
 
 @routes.post("/v1/messages/count_tokens")

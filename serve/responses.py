@@ -26,9 +26,8 @@ from pydantic import Field
 from . import plan as planning
 from .chunks import Chunk, EventBuilder, named_event
 from .errors import APIError, bad_request, unsupported
-from .keys import CAPS, CONFIG, REGISTRY, RESPONSES
-from .respond import respond
-from .routes import prompt_ids, read_body
+from .keys import CAPS, REGISTRY, RESPONSES
+from .routes import prompt_ids, read_body, run_plan
 from .schemas import _Body, parse
 from .tools import prepare_messages
 
@@ -215,12 +214,8 @@ async def create(request: web.Request) -> web.StreamResponse:
         "tools": req.tools or [],
         "text": req.text or {"format": {"type": "text"}},
     }
-    cfg = app[CONFIG]
-    run = slot.submit(partial(job.deltas, slot.engine), cfg.poll_s, cfg.retry_after_s)
     builder = ResponseEvents(slot.name, len(ids), echo, keep)
-    return await respond(
-        request, run, builder, stream=req.stream, keepalive_s=cfg.keepalive_s, fold=fold_response
-    )
+    return await run_plan(request, slot, job, builder, req.stream, fold_response)
 
 
 @routes.get("/v1/responses/{response_id}")

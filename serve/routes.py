@@ -68,7 +68,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         planning.openai_sampling(req), ids, slot.name, slot.engine.info.context_window, rules
     )
     builder = ChatChunks(slot.name, include_usage=req.include_usage or not req.stream)
-    return await _run(request, slot, job, builder, req.stream, partial(fold_chat, logprobs=job.logprobs))
+    return await run_plan(request, slot, job, builder, req.stream, partial(fold_chat, logprobs=job.logprobs))
 
 
 @routes.post("/v1/completions")
@@ -91,14 +91,15 @@ async def completions(request: web.Request) -> web.StreamResponse:
     sampling, window = planning.openai_sampling(req), slot.engine.info.context_window
     job = planning.make_plan(sampling, ids, slot.name, window, rules, prompt_field="prompt")
     builder = CompletionChunks(slot.name, include_usage=req.include_usage or not req.stream)
-    return await _run(
+    return await run_plan(
         request, slot, job, builder, req.stream, partial(fold_completion, logprobs=job.logprobs)
     )
 
 
-async def _run(
+async def run_plan(
     request, slot: ModelSlot, job: planning.Plan, builder, stream: bool, fold
 ) -> web.StreamResponse:
+    """Queue the plan on the model's worker; send its events as SSE, or their fold as one reply."""
     cfg = request.app[CONFIG]
     run = slot.submit(partial(job.deltas, slot.engine), cfg.poll_s, cfg.retry_after_s)
     return await respond(request, run, builder, stream=stream, keepalive_s=cfg.keepalive_s, fold=fold)
