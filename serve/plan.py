@@ -107,7 +107,7 @@ class Plan:
     def _constraint(self, engine: Engine) -> Constraint | None:
         tok = engine.grammar
         if tok is None:
-            return None  # refused before planning (see `needs_grammar`)
+            return None  # a constrained request was refused before planning (see `rules`)
         if self.tools is not None:
             return self.tools.constraint(tok, engine.token_text)
         if self.rules.structured is not None:
