@@ -124,7 +124,7 @@ def _walk(schema: dict[str, Any], root: dict[str, Any], node: Any, path: str, ou
         if key in schema:  # the branch the value took: the first whose type fits
             for branch in schema[key]:
                 b = _resolve(branch, root)
-                if isinstance(b, dict) and _fits(b, node, root):
+                if isinstance(b, dict) and _fits(b, node):
                     _walk(b, root, node, path, out)
                     return
             return
@@ -155,29 +155,31 @@ def _walk(schema: dict[str, Any], root: dict[str, Any], node: Any, path: str, ou
                 _walk(sub, root, child, f"{path}[{i}]", out)
 
 
-def _fits(schema: dict[str, Any], node: Any, root: dict[str, Any]) -> bool:
+_TYPES: dict[str, type | tuple[type, ...]] = {
+    "null": type(None),
+    "boolean": bool,
+    "object": dict,
+    "array": list,
+    "string": str,
+    "integer": int,
+    "number": (int, float),
+}
+
+
+def _fits(schema: dict[str, Any], node: Any) -> bool:
     if "enum" in schema:
         return node.value in schema["enum"]
     if "const" in schema:
         return node.value == schema["const"]
     kind = schema.get("type")
-    types = {
-        "null": type(None),
-        "boolean": bool,
-        "object": dict,
-        "array": list,
-        "string": str,
-        "integer": int,
-        "number": (int, float),
-    }
     if kind is None:
         return True
     kinds = kind if isinstance(kind, list) else [kind]
     v = node.value
     return any(
-        isinstance(v, types[k]) and not (k in ("integer", "number") and isinstance(v, bool))
+        isinstance(v, _TYPES[k]) and not (k in ("integer", "number") and isinstance(v, bool))
         for k in kinds
-        if k in types
+        if k in _TYPES
     )
 
 

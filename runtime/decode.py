@@ -84,8 +84,6 @@ def step_choice(masked_logits: np.ndarray, mask: np.ndarray, token: int) -> Step
 
 def _top(lsm: np.ndarray, k: int) -> tuple[tuple[int, float], ...]:
     """The k most likely tokens, best first, ties by ascending id."""
-    if k <= 0:
-        return ()
     k = min(k, int(np.isfinite(lsm).sum()))  # a grammar's masked-out tokens are no alternative
     if k <= 0:
         return ()

@@ -36,7 +36,7 @@ class GrammarError(ValueError):
 
 def compile_json_schema(schema: dict[str, Any] | bool) -> str:
     """A JSON schema -> an llguidance grammar (validated)."""
-    if schema is True or schema == {}:
+    if schema is True:
         schema = {}
     if not isinstance(schema, dict):
         raise GrammarError("the schema must be a JSON object")

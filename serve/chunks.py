@@ -53,11 +53,15 @@ class EventBuilder(ABC):
     def step(self, d: Delta) -> list[Chunk]: ...
 
 
-def named_event(chunk: Chunk) -> bytes:
-    """`event: <type>` then the data: the framing of the Anthropic and Responses streams."""
-    return (
-        f"event: {chunk['type']}\ndata: ".encode() + json.dumps(chunk, ensure_ascii=False).encode() + b"\n\n"
-    )
+class NamedEvents(EventBuilder):
+    """The framing of the Anthropic and Responses streams: `event: <type>` then the data, and no
+    end marker."""
+
+    sse_end = None
+
+    def sse(self, chunk: Chunk) -> bytes:
+        head = f"event: {chunk['type']}\ndata: ".encode()
+        return head + json.dumps(chunk, ensure_ascii=False).encode() + b"\n\n"
 
 
 class ChunkBuilder(EventBuilder):

@@ -19,7 +19,7 @@ from goinfer.runtime.stream import Delta
 from pydantic import Field
 
 from . import plan as planning
-from .chunks import Chunk, EventBuilder, named_event
+from .chunks import Chunk, NamedEvents
 from .errors import APIError, bad_request
 from .keys import CAPS, REGISTRY
 from .routes import prompt_ids, read_body, run_plan
@@ -193,12 +193,11 @@ async def count_tokens(request: web.Request) -> web.Response:
 
 
 # -- the stream ------------------------------------------------------------------------------------
-class MessageEvents(EventBuilder):
+class MessageEvents(NamedEvents):
     """Deltas -> Anthropic's named events. Text and each tool call are content blocks in order;
     prose before a call is its own text block."""
 
     keepalive = b'event: ping\ndata: {"type": "ping"}\n\n'
-    sse_end = None
 
     def __init__(self, model: str, input_tokens: int):
         self.id = f"msg_{uuid.uuid4().hex[:24]}"
@@ -206,11 +205,8 @@ class MessageEvents(EventBuilder):
         self.index = -1
         self.open: str | None = None  # the kind of the open content block
 
-    def sse(self, chunk: Chunk) -> bytes:
-        return named_event(chunk)
-
     def sse_error(self, err: APIError) -> bytes:
-        return named_event(err.body(anthropic=True))
+        return self.sse(err.body(anthropic=True))
 
     def start(self) -> list[Chunk]:
         message = {

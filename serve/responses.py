@@ -24,7 +24,7 @@ from goinfer.runtime.stream import Delta
 from pydantic import Field
 
 from . import plan as planning
-from .chunks import Chunk, EventBuilder, named_event
+from .chunks import Chunk, NamedEvents
 from .errors import APIError, bad_request, unsupported
 from .keys import CAPS, REGISTRY, RESPONSES
 from .routes import prompt_ids, read_body, run_plan
@@ -232,11 +232,9 @@ def _hex() -> str:
     return uuid.uuid4().hex[:24]
 
 
-class ResponseEvents(EventBuilder):
+class ResponseEvents(NamedEvents):
     """Deltas -> the Responses stream: lifecycle events around output items (a message with one
     output_text part; one function_call item per call), each with a sequence number."""
-
-    sse_end = None
 
     def __init__(
         self,
@@ -251,12 +249,9 @@ class ResponseEvents(EventBuilder):
         self.items: list[dict[str, Any]] = []  # finished output items
         self.open: dict[str, Any] | None = None  # the item being written
 
-    def sse(self, chunk: Chunk) -> bytes:
-        return named_event(chunk)
-
     def sse_error(self, err: APIError) -> bytes:
         body = err.body()["error"]
-        return named_event(
+        return self.sse(
             {"type": "error", "code": body["code"], "message": body["message"], "param": body["param"]}
         )
 

@@ -93,10 +93,13 @@ def to_call(obj: Any, names: set[str], args_key: str = "arguments") -> Call | No
     return Call(obj["name"], args) if isinstance(args, dict) else None
 
 
+_OPEN = re.compile(r"[\[{]")
+
+
 def json_objects(text: str) -> list[Any]:
     """Every top-level JSON value that starts with `{` or `[` in `text`, arrays flattened."""
     dec, out, i = json.JSONDecoder(), [], 0
-    while (m := re.compile(r"[\[{]").search(text, i)) is not None:
+    while (m := _OPEN.search(text, i)) is not None:
         try:
             value, i = dec.raw_decode(text, m.start())
         except ValueError:
@@ -109,19 +112,17 @@ def json_objects(text: str) -> list[Any]:
 # A bare call may come inside a markdown fence, as Qwen2.5-Coder-0.5B writes it under auto.
 _FENCE = re.compile(r"```(?:json)?[ \t]*\n")
 _FENCE_PREFIX = re.compile(r"`{1,3}(?:j(?:s(?:o(?:n)?)?)?)?[ \t]*")
+_SPACE = re.compile(r"\s*")
 
 
 def bare_start(text: str) -> int | None:
     """Where the call object starts in a reply that opens with one (after spaces, or a ```json
-    fence), or None when it does not."""
-    s = text.lstrip()
-    at = len(text) - len(s)
-    m = _FENCE.match(s)
+    fence), or None when it does not. Reads only the reply's head: it runs at every token."""
+    at = _SPACE.match(text).end()
+    m = _FENCE.match(text, at)
     if m:
-        rest = s[m.end() :]
-        at += m.end() + len(rest) - len(rest.lstrip())
-        s = rest.lstrip()
-    return at if s.startswith("{") else None
+        at = _SPACE.match(text, m.end()).end()
+    return at if text.startswith("{", at) else None
 
 
 def may_open_bare(text: str) -> bool:

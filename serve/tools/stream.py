@@ -121,12 +121,13 @@ def tool_deltas(deltas: Iterable[Delta], fmt: CallFormat, names: set[str]) -> It
         piece = d.text
         if mode == "start":  # held until it is known whether the reply opens with a bare call
             lead += piece
+            undecided = may_open_bare(lead) if fmt.unwrapped else not lead.strip()
             if fmt.unwrapped and bare_start(lead) is not None:
                 mode, piece, lead = "bare", lead, ""
-            elif not (may_open_bare(lead) if fmt.unwrapped else not lead.strip()):
-                mode, piece, lead = "prose", lead, ""
-            else:
+            elif undecided:
                 piece = ""
+            else:
+                mode, piece, lead = "prose", lead, ""
         if mode == "bare":
             bare += piece
         elif mode == "prose":
