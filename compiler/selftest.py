@@ -1,8 +1,8 @@
 """Build-time half of the startup self-test: small fixed kernel fixtures, compiled per CPU tier.
 
-Each fixture is one of our dispatched kernels (the int4 GEMV and its token-tiled GEMM, int8,
-int8int8's GEMV and GEMM with their run-time activation quantizer, f32) on a tiny fixed input, with
-the answer its portable numpy twin gives. A kernel with an ISA-specific form (int8int8's VNNI one)
+Each fixture is one of our dispatched kernels (int4's and int8int8's GEMV and GEMM with their
+run-time activation quantizers, int8, f32) on a tiny fixed input, with the answer its portable
+numpy twin gives. A kernel with an ISA-specific form (int4's and int8int8's VNNI ones)
 is compiled in the form each tier's model gets. The runtime (runtime/selftest.py) runs every
 tier's library on them before trusting that tier with a model: a wrong kernel on some CPU returns
 slightly wrong numbers rather than crashing, and this is how it gets caught.
@@ -20,10 +20,9 @@ from tvm import te, tirx
 from .lower import tvm_api
 from .quant import f32, int4, int8, int8int8
 
-# 37 rows: not a multiple of int4's row task nor of int8int8's 16-row block (exercises the clamped
-# tails); 256 columns: full 16-word vectors. 6 tokens: one 4-token tile plus a 2-token tail; 1
-# token: the decode path; 40 tokens: int4's prefill panel path (six 6-token tiles and a 4-token
-# tail), and int8int8's (six 6-token tiles and a 4-token tail, over two 2-block tasks).
+# 37 rows: not a multiple of the 16-row block (exercises the clamped tails and padded rows); 256
+# columns: 8 int4 groups. 1 token: the decode path; 6 and 40 tokens: the prefill tiles with and
+# without a clamped last tile (int4: 4-token tiles; int8int8: 6-token tiles, a 4-token tail).
 OUT, IN = 37, 256
 TOLERANCE = 1e-5  # max |got - want| / max |want|; the kernels measure ~5e-7 on every tier here
 
@@ -46,14 +45,10 @@ def fixtures(seed: int = 0) -> dict[str, tuple[tirx.PrimFunc, list[np.ndarray], 
     out: dict[str, tuple[tirx.PrimFunc, list[np.ndarray], np.ndarray]] = {}
 
     p4 = int4.pack(w)
-    w4 = int4.unpack(p4["weight"], p4["scale"]).astype(np.float64)
     for m in (1, 6, 40):
         x = x40[:m]
-        out[f"int4_m{m}"] = (
-            int4.kernel(OUT, IN),
-            [x, p4["weight"], p4["scale"]],
-            (x @ w4.T).astype(np.float32),
-        )
+        inputs = [x, p4["weight"], p4["scale"]]
+        out[f"int4_m{m}"] = (int4.kernel(OUT, IN), inputs, int4.reference(*inputs, OUT))
 
     p8 = int8.pack(w)
     w8 = p8["weight"].astype(np.float64) * p8["scale"][:, None]

@@ -3,16 +3,35 @@
 TVM's CPU kernels (relax.frontend.nn.llm) are scalar and serial: one thread walks every query,
 head and key. Measured on Qwen-0.5B, 2 threads, a 512-token prompt spent 5.1 s of 16 s in them.
 These keep the stock signatures (the cache's C++ side calls them by position) and change how
-they run:
+they run. Scores are in log2 units (scaled by log2(e)) and `lse` is log2-based, as the stock
+kernels leave them for the cache's merge kernel.
 
-1. One parallel task per (query token, head): 512 x 14 tasks for a Qwen prompt, 14 for a decode.
-   Measured, Qwen-0.5B, 2 threads: a 512-token prompt's attention 5.1 s -> 1.2 s (24 layers); decode
-   went from 22 to 31-35 tok/s, most of it here.
-2. Keys come in blocks of KEY_BLOCK with an online softmax per block: the running output is
-   rescaled once per block, not once per key, and the scores live in a small stack buffer.
-3. Dot products and the weighted sum of values run as vectors over head_dim.
-4. Scores are in log2 units (scaled by log2(e)) and `lse` is log2-based, as the stock kernels
-   leave them for the cache's merge kernel.
+Decode (one query per sequence): one parallel task per (sequence, q head), keys in blocks of
+KEY_BLOCK with an online softmax (the output rescaled once per block), dot products and the
+weighted sum of values as vectors over head_dim. Against the stock kernels: Qwen-0.5B decode 22 ->
+31-35 tok/s, most of it here.
+
+Prefill (ragged: the chunk attending to itself; paged: the chunk attending to the history, and its
+sliding-window variant) ran the same way, one task per (query, q head), and was bound by loading
+every key row once per query and head. It now runs tiles (`_prefill_tile`):
+
+1. GQA: a tile is ROWS = 16 (query, q head) rows of one kv head, so a key or value row is loaded
+   once for all the group's heads (Qwen 7, Gemma 4) and for ROWS / group queries.
+2. Query tiling: the 16 rows are the 16 lanes of a vector, queries transposed into columns: a key
+   element, broadcast, multiplies one column of all 16 rows, with no horizontal sums; softmax
+   (max, exp2, sum) runs on 16 rows at once; each row keeps its own key range, so the causal and
+   sliding masks hold inside a tile that spans several queries (and ends mid-query's heads).
+3. Registers: the 16 score accumulators and 8 output columns x 16 rows stay in registers through
+   the head_dim loops (small buffers inside the task); exp2 is a polynomial on vectors (T.exp2 is a
+   libm call per lane); key blocks are pages, read in place (a partial one is copied, so no slot
+   past a sequence's end is read); tiles go to threads zigzag, so causal work splits evenly.
+
+Measured, 2 threads, one layer's kernel (tests' calling convention; min of repeats, old and new in
+one process): Gemma-3-270M shape (4 q / 1 kv heads, d 256) ragged 256 tokens 5.7 -> 1.6 ms, 512
+tokens 21.3 -> 5.6 ms (25 -> 96 GFLOP/s), paged 256 over 256 of history 9.1 -> 2.8 ms (sliding)
+and 11.0 -> 2.9 ms; Qwen2.5-0.5B shape (14 / 2 heads, d 64) ragged 512 tokens 33.1 -> 5.0 ms.
+Decode unchanged. The inner loops run near this machine's broadcast-FMA rate (~3 G vector FMA/s a
+core); the rest is the per-block softmax and the transposes in and out.
 
 The stock paged prefill (history attention in chunked prefill) also reads `scale_O[d_idx]` from a
 one-element buffer, i.e. past its end; tests/test_attention_kernels.py holds ours to numpy.
@@ -28,10 +47,15 @@ import tvm
 from tvm import tirx
 from tvm.script import tirx as T
 
-KEY_BLOCK = 16  # keys per online-softmax step
+from .vector_math import exp2
+
+KEY_BLOCK = 16  # keys per online-softmax step; prefill: equal to PAGE_SIZE, a block is one page
+ROWS = 16  # query rows per prefill tile: the float32 lanes of one AVX-512 register
+PV_UNROLL = 8  # prefill: head_dim columns of output += p @ V summed at once
 PAGE_SIZE = 16  # the stock kernels' page size, which the cache's pages are laid out with
 LOG2E = math.log2(math.e)
 _MIN = -1e30  # a finite "minus infinity": exp2(_MIN - m) is 0 and never NaN
+# 2**f on [-0.5, 0.5], 2**0 exactly 1: least squares on the relative error, at most 1.1e-7
 
 # The stock kernels' names in the module TIRPagedKVCache builds (their global symbols, TVM 0.27).
 RAGGED = "batch_prefill_ragged_kv"
@@ -46,7 +70,7 @@ def _lanes(d: int) -> int:
 
 
 def _attend(d: int, key_row, value_row):
-    """The shared core: query `row` of qf attends to keys first .. first + n_keys - 1 and writes
+    """The decode core: query `row` of qf attends to keys first .. first + n_keys - 1 and writes
     row `row` of the output and lse. `key_row(where, j)` and `value_row(where, j)` give key j's
     row in the flattened K and V buffers (the kernel's addressing; `where` carries what it needs)."""
     vl = _lanes(d)
@@ -107,15 +131,183 @@ def _attend(d: int, key_row, value_row):
     return attend
 
 
+def _weight(x):
+    """2**x for x <= 0 (scores minus the running max, in log2 units), on 16 lanes."""
+    return exp2(x, 16, bounded_above=True)
+
+
+def _tree(op, values):
+    """op over values as a balanced tree (a chain would serialize on op's latency)."""
+    while len(values) > 1:
+        values = [
+            op(*values[i : i + 2]) if i + 1 < len(values) else values[i] for i in range(0, len(values), 2)
+        ]
+    return values[0]
+
+
+def _add(a, b):
+    return a + b
+
+
+def _vec(x):
+    return T.Broadcast(x, ROWS)
+
+
+def _zigzag(u, n):
+    """Task u of n -> tile: 0, n-1, 1, n-2, ... The parallel loop hands each thread a contiguous
+    run of tasks, and a causal tile's work grows with its index: each run now gets both ends."""
+    return T.if_then_else(u % 2 == 0, u // 2, n - 1 - u // 2)
+
+
+def _prefill_tile(d: int, h_kv: int, h_q: int, stride: int, aligned: bool, block_at):
+    """The prefill core: `attend(...)` runs one tile of ROWS query rows against its keys.
+
+    A tile's rows are (query, q head) pairs of one kv head, query-major (row f of a sequence is
+    query f // group, head hk * group + f % group): ROWS / group queries times the group's heads,
+    possibly ending part-way through a query's heads. Each row has its own key range
+    [lo_b[r], hi_b[r]), so the causal and sliding masks hold inside a tile.
+
+    Keys come in runs (segments) [a, b) whose key j sits at position p = j + shift of the
+    sequence's storage; `block_at(where, p, kv)` is the flat offset of the key (kv=0) or value
+    (kv=1) row at p, and the rows at p, p+1, ... are `stride` apart up to the next multiple of
+    KEY_BLOCK (a page) when `aligned`, or for good otherwise (the ragged K/V)."""
+    assert KEY_BLOCK == PAGE_SIZE
+    R, KB, group = ROWS, KEY_BLOCK, h_q // h_kv
+    U = math.gcd(d, PV_UNROLL)
+    vl = _lanes(d)  # edge copies, vl floats at a time
+
+    def at(i):  # the i-th vector of ROWS lanes
+        return T.ramp(i * R, 1, R)
+
+    def over_keys(op, s):  # op over the block's KB vectors s[at(jj)], as a balanced tree
+        return _tree(op, [s[at(jj)] for jj in range(KB)])
+
+    def sees(j, lo, hi):  # which rows see key j
+        return T.And(_vec(j) >= lo, _vec(j) < hi)
+
+    def pick(segs, seg, i):  # field i of segment `seg` (a loop variable) of the Python tuple
+        value = segs[-1][i]
+        for k in range(len(segs) - 1):
+            value = T.if_then_else(seg == k, segs[k][i], value)
+        return value
+
+    def q_row(q0, hk, f):
+        return (q0 + f // group) * h_q + hk * group + f % group
+
+    zeros = _vec(T.float32(0))
+    lowest = _vec(T.float32(_MIN))
+
+    @T.macro
+    def block(ks, k0, vs, v0, kstride, j0, lo, hi, qt, ot, s, ms, ls, acc):
+        """Keys j0 .. j0 + KB - 1, rows ks[k0 + jj * kstride + (0 .. d-1)] (values: vs, v0)."""
+        # 1. scores, KB keys x ROWS rows: a key element, broadcast, times the ROWS rows' query
+        #    column (one load feeds ROWS products; no horizontal sums). The KB accumulators stay
+        #    in registers through the loop over head_dim.
+        for jj in T.unroll(KB):
+            s[at(jj)] = zeros
+        for c in T.serial(d):
+            for jj in T.unroll(KB):
+                s[at(jj)] = s[at(jj)] + _vec(ks[k0 + jj * kstride + c]) * qt[at(c)]
+        # 2. online softmax, all rows at once: mask, fold the block's max in, rescale the sum
+        for jj in T.unroll(KB):
+            s[at(jj)] = T.Select(sees(j0 + jj, lo, hi), s[at(jj)], lowest)
+        m_new = T.max(ms[at(0)], over_keys(T.max, s))
+        alpha = _weight(ms[at(0)] - m_new)
+        ms[at(0)] = m_new
+        for jj in T.unroll(KB):  # scores -> weights p; a masked key's is exactly 0
+            s[at(jj)] = T.Select(sees(j0 + jj, lo, hi), _weight(s[at(jj)] - m_new), zeros)
+        ls[at(0)] = ls[at(0)] * alpha + over_keys(_add, s)
+        # 3. output = output * alpha + p @ V: a value element, broadcast, times the rows' weights;
+        #    U columns at a time (U independent FMA chains, KB weights held in registers)
+        for c0 in T.serial(d // U):
+            for u in T.unroll(U):
+                acc[at(u)] = ot[at(c0 * U + u)] * alpha
+            for jj in T.unroll(KB):
+                for u in T.unroll(U):
+                    acc[at(u)] = acc[at(u)] + _vec(vs[v0 + jj * kstride + c0 * U + u]) * s[at(jj)]
+            for u in T.unroll(U):
+                ot[at(c0 * U + u)] = acc[at(u)]
+
+    @T.macro
+    def attend(qf, of, lf, q0, hk, tile, n_rows, scale, lo_b, hi_b, ksrc, vsrc, where, segs):
+        qt = T.alloc_buffer((d * R,), "float32")  # the tile's queries, transposed: qt[c, row]
+        ot = T.alloc_buffer((d * R,), "float32")  # its output, transposed
+        kb = T.alloc_buffer((KB * d,), "float32")  # an edge block's keys, copied
+        vb = T.alloc_buffer((KB * d,), "float32")
+        s = T.alloc_buffer((KB * R,), "float32")  # scores, then weights: [key, row]
+        acc = T.alloc_buffer((U * R,), "float32")
+        ms = T.alloc_buffer((R,), "float32")  # running max
+        ls = T.alloc_buffer((R,), "float32")  # running sum
+        span = T.alloc_buffer((2,), "int32")  # the keys any row sees
+        rows = T.alloc_buffer((R,), "int32")  # each row's q / output row (past the last: the last's)
+        span[0] = T.int32(2**31 - 1)
+        span[1] = 0
+        for r in T.serial(R):
+            rows[r] = q_row(q0, hk, T.min(tile * R + r, n_rows - 1))
+            if tile * R + r >= n_rows:  # past the last query: sees nothing, written nowhere
+                lo_b[r] = 0
+                hi_b[r] = 0
+            if lo_b[r] < hi_b[r]:
+                span[0] = T.min(span[0], lo_b[r])
+                span[1] = T.max(span[1], hi_b[r])
+        for c in T.serial(d):  # transpose: a column at a time, one masked broadcast per row
+            qt[at(c)] = zeros
+            for r in T.unroll(R):
+                qt[at(c)] = T.Select(T.ramp(0, 1, R) == _vec(r), _vec(qf[rows[r], c]), qt[at(c)])
+            qt[at(c)] = qt[at(c)] * _vec(scale)
+        for c in T.serial(d):
+            ot[at(c)] = zeros
+        ms[at(0)] = lowest
+        ls[at(0)] = zeros
+        for seg in T.serial(len(segs)):
+            a = T.max(span[0], pick(segs, seg, 0))
+            b = T.min(span[1], pick(segs, seg, 1))
+            shift = pick(segs, seg, 2)
+            if a < b:
+                lo = T.max(lo_b[at(0)], _vec(a))  # each row's range, cut to this segment
+                hi = T.min(hi_b[at(0)], _vec(b))
+                p_start = (a + shift) // KB * KB if aligned else a + shift
+                for blk in T.serial((b + shift - p_start + KB - 1) // KB):
+                    j0 = p_start + blk * KB - shift
+                    if j0 >= a and j0 + KB <= b:  # KB real keys, contiguous: read in place
+                        k0 = block_at(where, j0 + shift, 0)
+                        v0 = block_at(where, j0 + shift, 1)
+                        block(ksrc, k0, vsrc, v0, stride, j0, lo, hi, qt, ot, s, ms, ls, acc)
+                    else:  # an edge: copy the real keys, zeros elsewhere (masked; never garbage)
+                        for jj in T.serial(KB):
+                            if j0 + jj >= a and j0 + jj < b:
+                                k_row = block_at(where, j0 + jj + shift, 0)
+                                v_row = block_at(where, j0 + jj + shift, 1)
+                                for c in T.serial(d // vl):
+                                    kb[T.ramp(jj * d + c * vl, 1, vl)] = ksrc[T.ramp(k_row + c * vl, 1, vl)]
+                                    vb[T.ramp(jj * d + c * vl, 1, vl)] = vsrc[T.ramp(v_row + c * vl, 1, vl)]
+                            else:
+                                for c in T.serial(d // vl):
+                                    kb[T.ramp(jj * d + c * vl, 1, vl)] = T.Broadcast(T.float32(0), vl)
+                                    vb[T.ramp(jj * d + c * vl, 1, vl)] = T.Broadcast(T.float32(0), vl)
+                        block(kb, 0, vb, 0, d, j0, lo, hi, qt, ot, s, ms, ls, acc)
+        ls[at(0)] = T.max(ls[at(0)], _vec(T.float32(1e-30)))  # no keys: output 0, not NaN
+        for r in T.serial(R):
+            if tile * R + r < n_rows:
+                lf[rows[r]] = ms[r] + T.log2(ls[r])
+        ls[at(0)] = _vec(T.float32(1)) / ls[at(0)]  # now 1 / sum
+        for r in T.serial(R):
+            if tile * R + r < n_rows:
+                for c in T.serial(d):
+                    of[rows[r], c] = ot[c * R + r] * ls[r]
+
+    return attend
+
+
 def prefill_ragged(h_kv: int, h_q: int, d: int) -> tirx.PrimFunc:
     """Prompt tokens attending to themselves (causal), the stock `batch_prefill_ragged_kv`'s
-    signature. K/V rows are [token, kv head]; a task's keys are one contiguous run of tokens."""
+    signature. K/V rows are [token, kv head]: key j of a sequence is row (kv start + j, hk)."""
     group = h_q // h_kv
 
-    def token_row(where, j):  # where = (first key token, head)
-        return (where[0] + j) * h_kv + where[1] // group
+    def block_at(where, p, kv):  # where = (first key token, kv head); K and V are two buffers
+        return ((where[0] + p) * h_kv + where[1]) * d
 
-    attend = _attend(d, token_row, token_row)
+    attend = _prefill_tile(d, h_kv, h_q, h_kv * d, False, block_at)
 
     @T.prim_func(private=True)
     def attention_prefill_ragged(
@@ -147,21 +339,30 @@ def prefill_ragged(h_kv: int, h_q: int, d: int) -> tirx.PrimFunc:
         output = T.match_buffer(var_output, (qo_len, h_q, d), "float32")
         lse = T.match_buffer(var_lse, (qo_len, h_q), "float32")
         assert rotary_mode == 0, "goinfer's attention kernels expect RoPE applied by the model"
-        # the same memory seen as rows of d: (token, head) -> row
+        # the same memory as rows of d ((token, head) -> row), and K/V flat
         qf = T.decl_buffer((qo_len * h_q, d), "float32", data=q.data)
-        kf = T.decl_buffer((kv_len * h_kv, d), "float32", data=k.data)
-        vf = T.decl_buffer((kv_len * h_kv, d), "float32", data=v.data)
+        kf = T.decl_buffer((kv_len * h_kv * d,), "float32", data=k.data)
+        vf = T.decl_buffer((kv_len * h_kv * d,), "float32", data=v.data)
         of = T.decl_buffer((qo_len * h_q, d), "float32", data=output.data)
         lf = T.decl_buffer((qo_len * h_q,), "float32", data=lse.data)
         for b in T.serial(batch_size):
-            for task in T.parallel((q_indptr[b + 1] - q_indptr[b]) * h_q):
-                qi = task // h_q
-                h = task % h_q
-                n_q = q_indptr[b + 1] - q_indptr[b]
-                n_kv = kv_indptr[b + 1] - kv_indptr[b]
-                n_keys = T.if_then_else(causal > 0, T.min(n_kv - n_q + qi + 1, n_kv), n_kv)
-                row = (q_indptr[b] + qi) * h_q + h
-                attend(qf, kf, vf, of, lf, row, (kv_indptr[b], h), 0, n_keys, sm_scale * LOG2E)
+            n_q = q_indptr[b + 1] - q_indptr[b]
+            n_kv = kv_indptr[b + 1] - kv_indptr[b]
+            n_tiles = (n_q * group + ROWS - 1) // ROWS
+            # a task per (tile of 16 query x head rows, kv head), 128 for Gemma's 512 tokens and
+            # 448 for Qwen's; 512-token prompt: 21.3 -> 5.6 ms (Gemma), 33.1 -> 5.0 ms (Qwen)
+            for task in T.parallel(n_tiles * h_kv):
+                hk = task % h_kv
+                tile = _zigzag(task // h_kv, n_tiles)
+                lo_b = T.alloc_buffer((ROWS,), "int32")  # each row's keys [lo, hi)
+                hi_b = T.alloc_buffer((ROWS,), "int32")
+                for r in T.serial(ROWS):  # causal: query qi sees keys up to its own position
+                    qi = (tile * ROWS + r) // group
+                    lo_b[r] = 0
+                    hi_b[r] = T.if_then_else(causal > 0, T.min(n_kv - n_q + qi + 1, n_kv), n_kv)
+                segs = ((0, n_kv, 0),)
+                attend(qf, of, lf, q_indptr[b], hk, tile, n_q * group, sm_scale * LOG2E,
+                       lo_b, hi_b, kf, vf, (kv_indptr[b], hk), segs)  # fmt: skip
 
     return attention_prefill_ragged
 
@@ -221,8 +422,15 @@ def prefill_paged(h_kv: int, h_q: int, d: int, sliding: bool, window: int) -> ti
     """Prompt tokens attending to the paged history of their sequence, the stock
     `batch_prefill_paged_kv_cpu`'s signature (its causal mask, and for sliding layers its
     "cross" mask: query i of the chunk sees the last window - i - 1 history slots)."""
-    attend = _paged_attend(h_kv, h_q, d, sliding)
+    group = h_q // h_kv
     window = window if sliding else 0
+
+    def block_at(where, p, kv):  # where = (page table values, first page, kv head)
+        values, first, hk = where
+        page = values[first + p // PAGE_SIZE]
+        return (((page * 2 + kv) * h_kv + hk) * PAGE_SIZE + p % PAGE_SIZE) * d
+
+    attend = _prefill_tile(d, h_kv, h_q, d, True, block_at)
 
     @T.prim_func(private=True)
     def attention_prefill_paged(
@@ -258,20 +466,28 @@ def prefill_paged(h_kv: int, h_q: int, d: int, sliding: bool, window: int) -> ti
         lse = T.match_buffer(var_lse, (total, h_q), "float32")
         assert rotary_mode == 0, "goinfer's attention kernels expect RoPE applied by the model"
         qf = T.decl_buffer((total * h_q, d), "float32", data=q.data)
-        pf = T.decl_buffer((max_pages * 2 * h_kv * PAGE_SIZE, d), "float32", data=pages.data)
+        pf = T.decl_buffer((max_pages * 2 * h_kv * PAGE_SIZE * d,), "float32", data=pages.data)
         of = T.decl_buffer((total * h_q, d), "float32", data=output.data)
         lf = T.decl_buffer((total * h_q,), "float32", data=lse.data)
         for b in T.serial(batch):
-            for task in T.parallel((q_indptr[b + 1] - q_indptr[b]) * h_q):
-                qi = task // h_q
-                h = task % h_q
-                n_q = q_indptr[b + 1] - q_indptr[b]
-                n_pages = page_indptr[b + 1] - page_indptr[b]
-                n_kv = T.if_then_else(n_pages > 0, _kv_len(info, sliding, b, n_pages), 0)
-                lo, hi = _visible(causal, window, n_kv, n_q, qi)
-                row = (q_indptr[b] + qi) * h_q + h
-                where = (page_values, page_indptr[b], info, b, h)
-                attend(qf, pf, pf, of, lf, row, where, lo, T.max(hi - lo, 0), sm_scale * LOG2E)
+            n_q = q_indptr[b + 1] - q_indptr[b]
+            n_pages = page_indptr[b + 1] - page_indptr[b]
+            n_kv = T.if_then_else(n_pages > 0, _kv_len(info, sliding, b, n_pages), 0)
+            n_tiles = (n_q * group + ROWS - 1) // ROWS
+            # as the ragged kernel, keys read from their pages; Gemma, 256 queries over 256 slots
+            # of history: 9.1 -> 2.8 ms (sliding), 11.0 -> 2.9 ms
+            for task in T.parallel(n_tiles * h_kv):
+                hk = task % h_kv
+                tile = _zigzag(task // h_kv, n_tiles)
+                lo_b = T.alloc_buffer((ROWS,), "int32")  # each row's keys [lo, hi)
+                hi_b = T.alloc_buffer((ROWS,), "int32")
+                for r in T.serial(ROWS):
+                    lo_b[r] = _visible(causal, window, n_kv, n_q, (tile * ROWS + r) // group)[0]
+                    hi_b[r] = _visible(causal, window, n_kv, n_q, (tile * ROWS + r) // group)[1]
+                where = (page_values, page_indptr[b], hk)
+                segs = _segments(info, sliding, b, n_kv)
+                attend(qf, of, lf, q_indptr[b], hk, tile, n_q * group, sm_scale * LOG2E,
+                       lo_b, hi_b, pf, pf, where, segs)  # fmt: skip
 
     return attention_prefill_paged
 
@@ -282,6 +498,15 @@ def _visible(causal, window: int, n_kv, n_q, qi):
         lo = T.if_then_else(causal > 0, T.max(n_kv - T.max(window - qi - 1, 0), 0), 0)
         return lo, n_kv
     return 0, T.if_then_else(causal > 0, T.min(n_kv - n_q + qi + 1, n_kv), n_kv)
+
+
+def _segments(info, sliding: bool, b, n_kv):
+    """The runs (first key, end, shift) of visible keys whose slots are key + shift: without a
+    window, all of them at their own slots; with one, the sink at slots 0.., then the window."""
+    if not sliding:
+        return ((0, n_kv, 0),)
+    sink = T.min(info[2, b], n_kv)
+    return ((0, sink, 0), (sink, n_kv, info[1, b] - info[2, b]))
 
 
 def _paged_attend(h_kv: int, h_q: int, d: int, sliding: bool):

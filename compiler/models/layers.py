@@ -16,6 +16,7 @@ from tvm import te, tirx
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
+from ..lower import gated
 from ..sources.base import SourceTensor
 from ..spec import ModelSpec
 
@@ -134,9 +135,16 @@ class GatedMLP(nn.Module):
         self.down = QLinear(pick(tensors[down]), self.inter, spec.hidden_size, (down,))
 
     def forward(self, x: Tensor) -> Tensor:
-        g, u = op.split(self.gate_up(x), 2, axis=-1)
-        a = op.silu(g) if self.act == "silu" else op.gelu(g, approximate="tanh")
-        return self.down(a * u)
+        gate_up = self.gate_up(x)
+        lead = gate_up.shape[:-1]
+        flat = op.reshape(gate_up, (-1, 2 * self.inter))
+        a = op.tensor_ir_op(
+            gated.kernel(self.inter, self.act),
+            f"gated_{self.act}",
+            [flat],
+            out=Tensor.placeholder((flat.shape[0], self.inter), "float32"),
+        )
+        return self.down(op.reshape(a, (*lead, self.inter)))
 
 
 def rope(

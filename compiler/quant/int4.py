@@ -1,9 +1,16 @@
 """int4: symmetric 4-bit, one float16 scale per group of 32 along K (the default): 4.5 bits/weight.
 
-Layout: weight (out, in/8) uint32; word j of row n holds k = 8j .. 8j+7, nibble i at bits 4i..4i+3,
-each stored as q + 8 with q in [-8, 7]. scale (out, in/32) float16 (the kernel converts a vector
-of them with one vcvtph2ps). Both are laid out at build time so the kernel reads them in order
-and never transposes or materialises a dequantized weight.
+The kernels are W4A8, as llama.cpp's Q4 x Q8 dot products: activations are quantized at run time
+to int8 per group of 32 (scale = max|x| / 127 over the group), and each group's integer dot product
+is rescaled by (weight scale x activation scale) into a float32 sum.
+
+Layout, chosen for AVX-512 VNNI (vpdpbusd: 16 int32 lanes, each += 4 u8 x s8 products):
+  weight (ceil(out/16), in/8, 16) uint32: word [b, j, r] holds row 16b + r at k = 8j .. 8j+7; byte
+         i has k = 8j+i in its low nibble and k = 8j+4+i in its high one, each stored as q + 8 with
+         q in [-8, 7]. One 64-byte vector is 16 rows x 8 k; masking it with 0x0F0F0F0F (or shifting
+         by 4 first) gives 16 rows x 4 k as the u8 operand of one vpdpbusd, with no byte shuffles.
+  scale  (ceil(out/16), in/32, 16) float16: [b, g, r] is row 16b + r's scale for group g.
+Rows past `out` are padding (q = 0, scale 0).
 """
 
 from __future__ import annotations
@@ -12,17 +19,23 @@ import numpy as np
 from tvm import te, tirx
 from tvm.script import tirx as T
 
+from ..lower import tvm_api
+
 NAME = "int4"
 GROUP = 32
 PER_WORD = 8
+ROW_BLOCK = 16  # output rows per weight vector (one int32 lane each)
+WORDS_PER_GROUP = GROUP // PER_WORD
+ZERO = 8  # the stored offset: nibble = q + 8
 
 
 def param_specs(out_features: int, in_features: int) -> dict[str, tuple[tuple[int, ...], str]]:
     if in_features % GROUP:
         raise ValueError(f"int4 needs in_features divisible by {GROUP}, got {in_features}")
+    blocks = -(-out_features // ROW_BLOCK)
     return {
-        "weight": ((out_features, in_features // PER_WORD), "uint32"),
-        "scale": ((out_features, in_features // GROUP), "float16"),
+        "weight": ((blocks, in_features // PER_WORD, ROW_BLOCK), "uint32"),
+        "scale": ((blocks, in_features // GROUP, ROW_BLOCK), "float16"),
     }
 
 
@@ -33,7 +46,8 @@ def param_specs(out_features: int, in_features: int) -> dict[str, tuple[tuple[in
 _DIVISORS = (-8.0, -7.5, -7.0, -6.5, 6.5, 7.0, 7.5, 8.0)
 
 
-def pack(weight: np.ndarray) -> dict[str, np.ndarray]:
+def quantize(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(out, in) float32 -> q (out, in) int8 in [-8, 7] and scale (out, in/32) float16."""
     w = np.asarray(weight, dtype=np.float32)
     n, k = w.shape
     groups = w.reshape(n, k // GROUP, GROUP)
@@ -48,198 +62,268 @@ def pack(weight: np.ndarray) -> dict[str, np.ndarray]:
         else:
             better = err < best_err
             scale, best_err = np.where(better, s, scale), np.where(better, err, best_err)
-    q = np.clip(np.rint(groups / scale[..., None]), -8, 7).astype(np.int32) + 8
-    nib = q.reshape(n, k // PER_WORD, PER_WORD).astype(np.uint32)
-    shifts = (np.arange(PER_WORD, dtype=np.uint32) * 4)[None, None, :]
-    words = np.bitwise_or.reduce(nib << shifts, axis=2).astype(np.uint32)
-    return {"weight": words, "scale": scale.astype(np.float16)}
+    q = np.clip(np.rint(groups / scale[..., None]), -8, 7).astype(np.int8).reshape(n, k)
+    return q, scale.astype(np.float16)
 
 
-def unpack(weight: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    """numpy twin of `dequant` (tests)."""
-    n, words = weight.shape
-    shifts = (np.arange(PER_WORD, dtype=np.uint32) * 4)[None, None, :]
-    q = ((weight[:, :, None] >> shifts) & 0xF).astype(np.float32).reshape(n, words * PER_WORD) - 8
-    return q * np.repeat(scale.astype(np.float32), GROUP, axis=1)
+def pack(weight: np.ndarray) -> dict[str, np.ndarray]:
+    q, scale = quantize(weight)
+    n, k = q.shape
+    blocks = -(-n // ROW_BLOCK)
+    nib = np.full((blocks * ROW_BLOCK, k), ZERO, np.uint32)
+    nib[:n] = q.astype(np.int32) + ZERO
+    octets = nib.reshape(blocks, ROW_BLOCK, k // PER_WORD, 2, 4)  # [.., half, byte]: k = 8j + 4*half + byte
+    bytes_ = octets[..., 0, :] | (octets[..., 1, :] << 4)
+    words = (bytes_ << (np.arange(4, dtype=np.uint32) * 8)).sum(axis=-1, dtype=np.uint32)
+    padded = np.zeros((blocks * ROW_BLOCK, k // GROUP), np.float16)
+    padded[:n] = scale
+    return {
+        "weight": np.ascontiguousarray(words.transpose(0, 2, 1)),
+        "scale": np.ascontiguousarray(padded.reshape(blocks, ROW_BLOCK, -1).transpose(0, 2, 1)),
+    }
 
 
-def dequant(weight: te.Tensor, scale: te.Tensor, n, k):
-    word = weight[n, k // PER_WORD]
-    nibble = (word >> ((k % PER_WORD) * 4).astype("uint32")) & tirx.const(0xF, "uint32")
-    return (nibble.astype("float32") - 8.0) * scale[n, k // GROUP].astype("float32")
+def unpack_q(weight: np.ndarray, out_features: int) -> np.ndarray:
+    """numpy twin of the layout: the (out, in) q values in [-8, 7] (tests, self-test)."""
+    blocks, words, _ = weight.shape
+    b = weight.transpose(0, 2, 1).reshape(blocks * ROW_BLOCK, words)[:out_features]
+    by = (b[..., None] >> (np.arange(4, dtype=np.uint32) * 8)) & 0xFF  # (n, words, byte)
+    halves = np.stack([by & 0xF, by >> 4], axis=2)  # (n, words, half, byte)
+    return halves.reshape(out_features, words * PER_WORD).astype(np.int8) - ZERO
 
 
-ROWS = 8  # output rows per parallel task (a task's rows stay in L1 while a token tile reuses them)
-TOKENS = 4  # prompt tokens sharing one dequantized weight vector (prefill); decode is the tail
-PREFETCH_BYTES = 2048  # software prefetch distance along a row: the hardware prefetcher lags
-PANEL_ROWS = 32  # prefill: output rows per dequantized panel (two 16-lane vectors)
-PANEL_TOKENS = 6  # prefill: tokens per register tile (6 x 2 accumulators, 12 of 32 zmm)
-PANEL_MIN_TOKENS = 32  # below this a panel's dequantization is not paid back: word-lane path
+def unpack_scale(scale: np.ndarray, out_features: int) -> np.ndarray:
+    blocks, groups, _ = scale.shape
+    return scale.transpose(0, 2, 1).reshape(blocks * ROW_BLOCK, groups)[:out_features].astype(np.float32)
 
 
-def _vector_lanes(words: int) -> int:
-    """Words per vector: a whole AVX-512 register (16) when the row allows, else 8 or 4."""
-    return next(v for v in (16, 8, 4) if words % v == 0)
+def unpack(weight: np.ndarray, scale: np.ndarray, out_features: int) -> np.ndarray:
+    """The dequantized (out, in) float32 weights (tests)."""
+    s = unpack_scale(scale, out_features)
+    return unpack_q(weight, out_features).astype(np.float32) * np.repeat(s, GROUP, axis=1)
+
+
+def quantize_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """numpy twin of the kernels' prologue: int8 per group of 32 and one float32 scale per group."""
+    m, k = x.shape
+    g = x.reshape(m, k // GROUP, GROUP)
+    amax = np.abs(g).max(axis=-1)
+    s = np.where(amax > 0, amax / np.float32(127), np.float32(1)).astype(np.float32)
+    inv = np.float32(1) / s  # the kernels multiply by the reciprocal, rounded as here
+    q = np.clip(np.rint(g * inv[..., None]), -127, 127).astype(np.int8)
+    return q.reshape(m, k), s
+
+
+def reference(x: np.ndarray, weight: np.ndarray, scale: np.ndarray, n: int) -> np.ndarray:
+    """What the kernels compute for n output rows, in numpy: exact int32 sums per group, rescaled
+    in float64."""
+    m, k = x.shape
+    xq, xs = quantize_activations(x)
+    q = unpack_q(weight, n).astype(np.int64).reshape(n, k // GROUP, GROUP)
+    dots = np.einsum("tgk,ngk->tng", xq.astype(np.int64).reshape(m, k // GROUP, GROUP), q)
+    s = unpack_scale(scale, n).astype(np.float64)
+    return (dots * xs.astype(np.float64)[:, None, :] * s[None]).sum(axis=-1).astype(np.float32)
+
+
+def take(ids: te.Tensor, weight: te.Tensor, scale: te.Tensor) -> te.Tensor:
+    """Embedding rows (a tied LM head's view), dequantized."""
+
+    def row(t, k):
+        n = ids[t]
+        word = weight[n // ROW_BLOCK, k // PER_WORD, n % ROW_BLOCK]
+        within = k % PER_WORD
+        shift = (8 * (within % 4) + 4 * (within // 4)).astype("uint32")
+        nib = (word >> shift) & tirx.const(0xF, "uint32")
+        s = scale[n // ROW_BLOCK, k // GROUP, n % ROW_BLOCK].astype("float32")
+        return (nib.astype("float32") - float(ZERO)) * s
+
+    return te.compute((ids.shape[0], weight.shape[1] * PER_WORD), row, name="qtake")
+
+
+PREFETCH_BYTES = 2048  # software prefetch distance along a row block: the hardware prefetcher lags
+# Register tiles: tokens x row blocks of (int32x16 group sum, float32x16 total) pairs.
+DECODE_TILE = (1, 2)  # m = 1: two blocks give two independent vpdpbusd chains
+PANEL_TILE = {True: (4, 2), False: (2, 1)}  # m >= 2, VNNI / portable (AVX2 has 16 ymm)
+VNNI_FEATURE = "avx512vnni"
+_LO = 0x0F0F0F0F
 
 
 def kernel(out_features: int, in_features: int) -> tirx.PrimFunc:
-    """y = x @ W^T for int4 weights, scheduled by hand (the ideas, each measured on Qwen-0.5B shapes):
+    """y = x @ W^T for int4 weights: the portable kernel, carrying its VNNI form for the tiers that
+    have it (tvm_api swaps it in when compiling for such a target). The ideas:
 
-    1. Lanes run over consecutive packed *words*, not over k. A prologue (O(m*K)) rearranges x as
-       xr[t, i, word] = x[t, 8*word + i] / 16**i, so nibble i of a word is just `word & (0xF << 4i)`
-       converted to float and multiplied by xr: a mask, a convert and an FMA, no shifts. The +8
-       offset folds into xs[t, word] = -8 * sum_i x[t, 8*word + i].
-    2. A vector of 16 words spans 4 groups: their 4 scales are loaded once and spread with a
-       shuffle, applied once per vector (indexing the scale per lane would scalarize into a gather).
-    3. Accumulators are small buffers inside the parallel task, so LLVM keeps them in registers.
-    4. Software prefetch PREFETCH_BYTES ahead along the row.
-    5. Short inputs: TOKENS tokens share each dequantized vector (weights read once per tile, not
-       per token); decode (m = 1) runs the one-token tail.
-    6. Prefill (m >= PANEL_MIN_TOKENS): the weights' dequantization is worth paying once per
-       prompt, so each task dequantizes PANEL_ROWS rows into an f32 panel laid out [k][row] and runs
-       a register-tiled f32 GEMM over it: per k, two row-vectors of the panel times PANEL_TOKENS
-       broadcast x values into 12 accumulators (one FMA per weight-vector load; no dequant in the
-       inner loop). Qwen-0.5B's shapes at 512 tokens: 33-48 -> 114-139 GFLOP/s on 2 cores.
-    Decode reads 6-14 GB/s of int4 weights by shape on this 2-core VM (the K=576 shapes, on 8-word
-    vectors, are the slowest), against 16-18 GB/s from `python -m bench.bandwidth` (the previous
-    lane-rfactor schedule: ~2.9 GB/s).
+    1. Rows interleaved in blocks of 16 (see the module doc): the lanes are 16 outputs, so no
+       horizontal sums; a nibble half of a weight vector is one AND (and a shift), and goes into
+       vpdpbusd as its unsigned operand against 4 broadcast int8 activations.
+    2. The stored +8 folds into each group's integer sum: it starts at -8 * sum(xq over the group)
+       (computed once per token in the prologue) instead of zero.
+    3. One float FMA per group per accumulator applies weight scale x activation scale (a vector of
+       16 float16 scales, one vcvtph2ps, shared by every token of the tile).
+    4. Accumulators are small buffers inside the parallel task, kept in registers; software
+       prefetch PREFETCH_BYTES ahead along each row block.
+    5. m >= 2: PANEL_TILE tokens x row blocks per register tile over tasks of a few blocks, so one
+       weight load and unpack feeds every token of the tile.
+    The previous kernel (f32 activations: mask, convert and FMA per nibble; an f32 panel GEMM for
+    prefill) read 6-14 GB/s in decode and reached 53-72 GFLOP/s in prefill on this 2-core VM.
     """
-    n_rows, words, groups = out_features, in_features // PER_WORD, in_features // GROUP
-    vl = _vector_lanes(words)
-    blocks = (n_rows + ROWS - 1) // ROWS
-    ahead = PREFETCH_BYTES // 4
-    per_group = GROUP // PER_WORD  # words per scale
+    portable = _gemm(out_features, in_features, vnni=False)
+    return tvm_api.with_isa_variants(portable, [(VNNI_FEATURE, _gemm(out_features, in_features, vnni=True))])
 
-    def vec(j):
-        return T.ramp(j * vl, 1, vl)
 
-    def nibble_mask(i):
-        return T.Broadcast(T.shift_left(T.uint32(15), T.Cast("uint32", 4 * i)), vl)
+def kernel_variant(out_features: int, in_features: int, vnni: bool) -> tirx.PrimFunc:
+    """One form of `kernel` on its own (tests compile each against numpy)."""
+    return _gemm(out_features, in_features, vnni)
 
-    def spread_scales(s, row, j):
-        if vl == per_group:
-            return T.Broadcast(T.Cast("float32", s[row, j]), vl)
-        lanes = vl // per_group
-        spread = T.Shuffle(
-            [s[row, T.ramp(j * lanes, 1, lanes)]] * per_group, [lane // per_group for lane in range(vl)]
-        )
-        return T.Cast(f"float32x{vl}", spread)
 
-    def hsum(acc, t):
-        total = acc[t, 0]
-        for lane in range(1, vl):
-            total = total + acc[t, lane]
+def _gemm(n_rows: int, in_features: int, vnni: bool) -> tirx.PrimFunc:
+    words, groups, lanes = in_features // PER_WORD, in_features // GROUP, ROW_BLOCK
+    blocks = -(-n_rows // lanes)
+    ahead = PREFETCH_BYTES // (lanes * 4)  # in words: a block's step along k is one 64-byte line
+    half = GROUP // 2  # the prologue's vector: two per group
+
+    def vec(start, n=lanes):
+        return T.ramp(start, 1, n)
+
+    def dot(acc, wv, xq, t, k0):
+        """acc + the 4-k dot products of x[t, k0:k0+4] (s8) with the 16 rows' u8 bytes in wv."""
+        if vnni:
+            b = T.Broadcast(T.reinterpret("int32", xq[t, vec(k0, 4)]), lanes)
+            return tvm_api.vpdpbusd_512(acc, wv, b)
+        total = acc
+        for i in range(4):
+            byte = T.shift_right(wv, T.Broadcast(T.int32(8 * i), lanes)) & T.Broadcast(T.int32(0xFF), lanes)
+            total = total + byte * T.Broadcast(T.Cast("int32", xq[t, k0 + i]), lanes)
+        return total
+
+    def nibbles(w, b, j, high: bool):
+        v = T.reinterpret(f"int32x{lanes}", w[b, j, vec(0)])
+        if high:
+            v = T.shift_right(v, T.Broadcast(T.int32(4), lanes))
+        return v & T.Broadcast(T.int32(_LO), lanes)
+
+    def word_dot(acc, w, xq, b, t, g, u):
+        """acc + row block b's word g*4+u (8 k, as its low then high nibbles) times token t's x."""
+        j = g * WORDS_PER_GROUP + u
+        low = dot(acc, nibbles(w, b, j, False), xq, t, j * PER_WORD)
+        return dot(low, nibbles(w, b, j, True), xq, t, j * PER_WORD + 4)
+
+    # Index helpers (Python, so they inline). A tile hanging over the last block or token reads
+    # the clamped one and stores nothing.
+    def blk(b0, r):
+        return T.min(b0 + r, blocks - 1)
+
+    def tok(t0, t, m):
+        return T.min(t0 + t, m - 1)
+
+    def hreduce(v, op, n):
+        total = v[0]
+        for i in range(1, n):
+            total = op(total, v[i])
         return total
 
     @T.macro
-    def token_tile(x, w, s, y, xr, xs, acc, tmp, rb, t0, tile):
-        for r in T.serial(ROWS):
-            row = T.min(rb * ROWS + r, n_rows - 1)  # clamped: the last task reads, never writes, past the end
-            for t in T.unroll(tile):
-                acc[t, T.ramp(0, 1, vl)] = T.Broadcast(T.float32(0), vl)
-            for j in T.serial(words // vl):
-                T.evaluate(
-                    T.call_llvm_intrin(
-                        "void", "llvm.prefetch.p0", T.address_of(w[row, j * vl + ahead]), 0, 3, 1
-                    )
+    def quantize(x, xq, xs, xc, t):
+        """Token t of x into int8 groups xq, their scales xs and offsets xc = -8 * sum(xq)."""
+        for g in T.serial(groups):
+            peak = T.alloc_buffer((half,), "float32")
+            peak[vec(0, half)] = T.max(
+                T.abs(x[t, vec(g * GROUP, half)]), T.abs(x[t, vec(g * GROUP + half, half)])
+            )
+            amax = hreduce(peak, T.max, half)
+            xs[t, g] = T.Select(amax > T.float32(0), amax / T.float32(127), T.float32(1))
+            qs = T.alloc_buffer((half,), "int32")
+            qs[vec(0, half)] = T.Broadcast(T.int32(0), half)
+            for h in T.unroll(2):
+                # x times 1/scale, not x / scale: a divide per vector is most of a prologue
+                qv = T.alloc_buffer((half,), "int32")
+                qv[vec(0, half)] = T.Cast(
+                    f"int32x{half}",
+                    T.max(
+                        T.min(
+                            T.nearbyint(
+                                x[t, vec(g * GROUP + h * half, half)]
+                                * T.Broadcast(T.float32(1) / xs[t, g], half)
+                            ),
+                            T.Broadcast(T.float32(127), half),
+                        ),
+                        T.Broadcast(T.float32(-127), half),
+                    ),
                 )
-                for t in T.unroll(tile):
-                    tmp[t, T.ramp(0, 1, vl)] = xs[t0 + t, vec(j)]
-                for i in T.unroll(PER_WORD):
-                    for t in T.unroll(tile):
-                        tmp[t, T.ramp(0, 1, vl)] = (
-                            tmp[t, T.ramp(0, 1, vl)]
-                            + T.Cast(f"float32x{vl}", w[row, vec(j)] & nibble_mask(i)) * xr[t0 + t, i, vec(j)]
-                        )
-                for t in T.unroll(tile):
-                    acc[t, T.ramp(0, 1, vl)] = acc[t, T.ramp(0, 1, vl)] + tmp[
-                        t, T.ramp(0, 1, vl)
-                    ] * spread_scales(s, row, j)
-            for t in T.unroll(tile):
-                if rb * ROWS + r < n_rows:
-                    y[t0 + t, rb * ROWS + r] = hsum(acc, t)
+                xq[t, vec(g * GROUP + h * half, half)] = T.Cast(f"int8x{half}", qv[vec(0, half)])
+                qs[vec(0, half)] = qs[vec(0, half)] + qv[vec(0, half)]
+            xc[t, g] = T.int32(-ZERO) * hreduce(qs, lambda a, b: a + b, half)
 
-    panel_gemm = _panel_gemm(n_rows, in_features)
+    @T.macro
+    def tile(w, s, y, xq, xs, xc, m, b0, t0, tm, rb):
+        """Tokens t0 .. t0+tm-1 x row blocks b0 .. b0+rb-1."""
+        total = T.alloc_buffer((tm, rb, lanes), "float32")
+        acc = T.alloc_buffer((tm, rb, lanes), "int32")
+        for t in T.unroll(tm):
+            for r in T.unroll(rb):
+                total[t, r, vec(0)] = T.Broadcast(T.float32(0), lanes)
+        for g in T.serial(groups):
+            for t in T.unroll(tm):
+                for r in T.unroll(rb):
+                    acc[t, r, vec(0)] = T.Broadcast(xc[tok(t0, t, m), g], lanes)
+            for u in T.unroll(WORDS_PER_GROUP):
+                for r in T.unroll(rb):
+                    T.evaluate(
+                        T.call_llvm_intrin(
+                            "void",
+                            "llvm.prefetch.p0",
+                            T.address_of(w[blk(b0, r), g * WORDS_PER_GROUP + u + ahead, 0]),
+                            0,
+                            3,
+                            1,
+                        )
+                    )
+                    for t in T.unroll(tm):
+                        acc[t, r, vec(0)] = word_dot(
+                            acc[t, r, vec(0)], w, xq, blk(b0, r), tok(t0, t, m), g, u
+                        )
+            for t in T.unroll(tm):
+                for r in T.unroll(rb):
+                    total[t, r, vec(0)] = total[t, r, vec(0)] + T.Cast(
+                        f"float32x{lanes}", acc[t, r, vec(0)]
+                    ) * (
+                        T.Cast(f"float32x{lanes}", s[blk(b0, r), g, vec(0)])
+                        * T.Broadcast(xs[tok(t0, t, m), g], lanes)
+                    )
+        for t in T.unroll(tm):
+            for r in T.unroll(rb):
+                if t0 + t < m and b0 + r < blocks:
+                    if (b0 + r + 1) * lanes <= n_rows:
+                        y[t0 + t, vec((b0 + r) * lanes)] = total[t, r, vec(0)]
+                    else:  # the last block, with rows past `out`: lane by lane
+                        for i in T.serial(n_rows - (b0 + r) * lanes):
+                            y[t0 + t, (b0 + r) * lanes + i] = total[t, r, i]
+
+    dec_tm, dec_rb = DECODE_TILE
+    tm, rb = PANEL_TILE[vnni]
 
     @T.prim_func(private=True)  # private: relax names each instance
     def int4_gemm(
         x_h: T.handle,
-        w: T.Buffer((n_rows, words), "uint32"),
-        s: T.Buffer((n_rows, groups), "float16"),
+        w: T.Buffer((blocks, words, lanes), "uint32"),
+        s: T.Buffer((blocks, groups, lanes), "float16"),
         y_h: T.handle,
     ):
         T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
         m = T.int64()
         x = T.match_buffer(x_h, (m, in_features), "float32")
         y = T.match_buffer(y_h, (m, n_rows), "float32")
-        if m >= PANEL_MIN_TOKENS:
-            panel_gemm(x, w, s, y, m)
+        xq = T.alloc_buffer((m, in_features), "int8")
+        xs = T.alloc_buffer((m, groups), "float32")
+        xc = T.alloc_buffer((m, groups), "int32")
+        if m == 1:
+            quantize(x, xq, xs, xc, 0)  # serial: one token is not worth a parallel launch
+            for task in T.parallel((blocks + dec_rb - 1) // dec_rb):
+                tile(w, s, y, xq, xs, xc, m, task * dec_rb, T.int64(0), dec_tm, dec_rb)
         else:
-            xr = T.alloc_buffer((m, PER_WORD, words), "float32")
-            xs = T.alloc_buffer((m, words), "float32")
             for t in T.parallel(m):
-                for j in T.serial(words):
-                    xs[t, j] = T.float32(0)
-                    for i in T.unroll(PER_WORD):
-                        # 2**(-4i) built from its exponent bits: exact, and folds to a constant
-                        xr[t, i, j] = x[t, j * PER_WORD + i] * T.reinterpret(
-                            "float32", T.shift_left(T.Cast("uint32", 127 - 4 * i), T.uint32(23))
-                        )
-                        xs[t, j] = xs[t, j] - T.float32(8) * x[t, j * PER_WORD + i]
-            for rb in T.parallel(blocks):
-                acc = T.alloc_buffer((TOKENS, vl), "float32")
-                tmp = T.alloc_buffer((TOKENS, vl), "float32")
-                for tb in T.serial(m // TOKENS):
-                    token_tile(x, w, s, y, xr, xs, acc, tmp, rb, tb * TOKENS, TOKENS)
-                for tt in T.serial(m % TOKENS):
-                    token_tile(x, w, s, y, xr, xs, acc, tmp, rb, m // TOKENS * TOKENS + tt, 1)
+                quantize(x, xq, xs, xc, t)
+            for task in T.parallel((blocks + rb - 1) // rb):
+                for tb in T.serial((m + tm - 1) // tm):
+                    tile(w, s, y, xq, xs, xc, m, task * rb, tb * tm, tm, rb)
 
     return int4_gemm
-
-
-def _panel_gemm(n_rows: int, in_features: int):
-    """Prefill GEMM: dequantize PANEL_ROWS rows once into panel[k, row], then tiles of
-    PANEL_TOKENS tokens x PANEL_ROWS rows accumulate in registers over k."""
-    words, nr, mr, lanes = in_features // PER_WORD, PANEL_ROWS, PANEL_TOKENS, 16
-    halves = nr // lanes
-    panels = (n_rows + nr - 1) // nr
-
-    @T.macro
-    def panel_gemm(x, w, s, y, m):
-        for pb in T.parallel(panels):
-            panel = T.alloc_buffer((in_features, nr), "float32")
-            acc = T.alloc_buffer((mr, nr), "float32")
-            for r in T.serial(nr):
-                row = T.min(pb * nr + r, n_rows - 1)  # clamped: a short last panel repeats its row
-                for j in T.serial(words):
-                    scale = T.Cast("float32", s[row, j // (GROUP // PER_WORD)])
-                    for i in T.unroll(PER_WORD):
-                        q = T.shift_right(w[row, j], T.uint32(4 * i)) & T.uint32(0xF)
-                        panel[j * PER_WORD + i, r] = (T.Cast("float32", q) - T.float32(8)) * scale
-            for tb in T.serial((m + mr - 1) // mr):
-                for t in T.unroll(mr):
-                    for c in T.unroll(halves):
-                        acc[t, T.ramp(c * lanes, 1, lanes)] = T.Broadcast(T.float32(0), lanes)
-                for k in T.serial(in_features):
-                    for t in T.unroll(mr):
-                        xt = x[T.min(tb * mr + t, m - 1), k]  # clamped: the tail tile recomputes
-                        for c in T.unroll(halves):
-                            acc[t, T.ramp(c * lanes, 1, lanes)] = (
-                                acc[t, T.ramp(c * lanes, 1, lanes)]
-                                + T.Broadcast(xt, lanes) * panel[k, T.ramp(c * lanes, 1, lanes)]
-                            )
-                for t in T.unroll(mr):
-                    if tb * mr + t < m:
-                        for r in T.serial(nr):
-                            if pb * nr + r < n_rows:
-                                y[tb * mr + t, pb * nr + r] = acc[t, r]
-
-    return panel_gemm
-
-
-def take(ids: te.Tensor, weight: te.Tensor, scale: te.Tensor) -> te.Tensor:
-    return te.compute(
-        (ids.shape[0], weight.shape[1] * PER_WORD),
-        lambda t, d: dequant(weight, scale, ids[t], d),
-        name="qtake",
-    )
