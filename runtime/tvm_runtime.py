@@ -1,49 +1,109 @@
-"""The runtime's only door to TVM: its runtime library, never the compiler.
+"""The runtime's only door to TVM: libtvm_runtime through tvm_ffi, never the compiler.
 
-`TVM_USE_RUNTIME_LIB=1` makes `import tvm` load just libtvm_runtime (0.36 s instead of ~1.3 s,
-DESIGN.md §4). It only applies if nothing imported the full TVM first (a build in the same
-process does; then the full library is already there and serves the runtime just as well).
+A cold start pays for every import, so this module does not `import tvm` (its Python package costs
+~0.3 s on top of the library, DESIGN.md §4). It loads libtvm_runtime itself, next to tvm_ffi, and
+drives the Relax VM through the packed functions the library registers. A compiler in the same
+process (a build, the tests) imports tvm as usual; both then share the one loaded runtime library.
 """
 
 from __future__ import annotations
 
-import os
-import sys
-
-if "tvm" not in sys.modules:
-    os.environ.setdefault("TVM_USE_RUNTIME_LIB", "1")
+import importlib.util
+from pathlib import Path
 
 import numpy as np
-import tvm
-from tvm.runtime import vm as _vm
-from tvm_ffi import Shape
+import tvm_ffi
+from tvm_ffi import Shape, core
+from tvm_ffi.libinfo import load_lib_ctypes
 
-_reshape = tvm.get_global_func("vm.builtin.reshape")
-_add_sequence = tvm.get_global_func("vm.builtin.kv_state_add_sequence")
-_remove_sequence = tvm.get_global_func("vm.builtin.kv_state_remove_sequence")
-_begin_forward = tvm.get_global_func("vm.builtin.kv_state_begin_forward")
-_end_forward = tvm.get_global_func("vm.builtin.kv_state_end_forward")
-_popn = tvm.get_global_func("vm.builtin.kv_state_popn")
-
-CPU = tvm.cpu()
+_CPU_DEVICE_TYPE = 1  # kDLCPU
+_POOLED_ALLOCATOR = 2  # the VM's memory pool: kernel outputs are reused between calls
+_ALIGN = 64  # TVM kernels assume 64-byte aligned buffers
 
 
-def load_vm(library_path: str) -> _vm.VirtualMachine:
-    return _vm.VirtualMachine(tvm.runtime.load_module(library_path), CPU)
+def _avoid_lookup_misses() -> None:
+    """Make unknown type-key lookups cheap.
+
+    tvm_ffi's class registration looks every Python class's type key up in the C++ type table, and
+    a key the library does not have raises a C++ error whose backtrace is built with libbacktrace.
+    The first one reads the debug info of every loaded library (libpython's among them: 0.4 s here,
+    on a cold start of ~1 s). Answering misses from the table's own key list skips that.
+    """
+    lookup = getattr(core, "_object_type_key_to_index", None)
+    list_keys = tvm_ffi.get_global_func("ffi.GetRegisteredTypeKeys", allow_missing=True)
+    if lookup is None or list_keys is None or getattr(lookup, "_goinfer_guarded", False):
+        return
+    known: set[str] = set()
+
+    def key_to_index(key: str):
+        nonlocal known
+        if key not in known:
+            known = set(list_keys())  # libraries loaded since add their keys
+            if key not in known:
+                return None  # what the lookup itself answers for a miss
+        return lookup(key)
+
+    key_to_index._goinfer_guarded = True  # type: ignore[attr-defined]
+    core._object_type_key_to_index = key_to_index
+
+
+def _load_runtime_library() -> None:
+    if tvm_ffi.get_global_func("vm.builtin.reshape", allow_missing=True) is not None:
+        return  # already loaded (by `import tvm`, or earlier here)
+    spec = importlib.util.find_spec("tvm")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("goinfer needs the apache-tvm package (its runtime library)")
+    lib_dir = Path(next(iter(spec.submodule_search_locations))) / "lib"
+    # RTLD_GLOBAL, as tvm itself loads it: compiled modules resolve their runtime symbols from it.
+    load_lib_ctypes("tvm", "tvm_runtime", "RTLD_GLOBAL", extra_lib_paths=[lib_dir])
+
+
+_avoid_lookup_misses()
+_load_runtime_library()
+
+_reshape = tvm_ffi.get_global_func("vm.builtin.reshape")
+_add_sequence = tvm_ffi.get_global_func("vm.builtin.kv_state_add_sequence")
+_remove_sequence = tvm_ffi.get_global_func("vm.builtin.kv_state_remove_sequence")
+_begin_forward = tvm_ffi.get_global_func("vm.builtin.kv_state_begin_forward")
+_end_forward = tvm_ffi.get_global_func("vm.builtin.kv_state_end_forward")
+_popn = tvm_ffi.get_global_func("vm.builtin.kv_state_popn")
+
+
+def load_vm(library_path: str):
+    """The Relax VM over a compiled library, on the CPU with the pooled allocator; index it by
+    entry point name (`vm["decode"]`)."""
+    vm = tvm_ffi.load_module(library_path)["vm_load_executable"]()
+    vm["vm_initialization"](_CPU_DEVICE_TYPE, 0, _POOLED_ALLOCATOR)
+    return vm
 
 
 def wrap(array: np.ndarray):
-    """A TVM tensor over the same memory (DLPack, no copy). `array` must be writable."""
-    return tvm.runtime.from_dlpack(array)
+    """A TVM tensor over the same memory (DLPack, no copy). `array` must be writable and aligned
+    (bundle blobs are)."""
+    return tvm_ffi.from_dlpack(array)
 
 
 def data_pointer(t) -> int:
     """The address of a TVM tensor's first byte (tests use it to prove zero-copy)."""
-    return int(np.from_dlpack(t).ctypes.data)
+    return int(t.data_ptr())
 
 
-def int32_tensor(values) -> object:
-    return tvm.runtime.tensor(np.asarray(values, dtype=np.int32), CPU)
+def _aligned_copy(values, dtype) -> np.ndarray:
+    src = np.asarray(values, dtype=dtype)
+    raw = np.empty(src.nbytes + _ALIGN, np.uint8)
+    start = -raw.ctypes.data % _ALIGN
+    out = raw[start : start + src.nbytes].view(src.dtype).reshape(src.shape)
+    out[...] = src
+    return out
+
+
+def tensor(values, dtype=None):
+    """A TVM tensor holding a copy of `values` in fresh, aligned memory."""
+    return tvm_ffi.from_dlpack(_aligned_copy(values, dtype))
+
+
+def int32_tensor(values):
+    return tensor(values, np.int32)
 
 
 def reshape(t, shape: tuple[int, ...]):
@@ -77,17 +137,18 @@ def pop_tokens(kv, seq_id: int, n: int) -> None:
 
 
 def to_numpy(t) -> np.ndarray:
-    return t.numpy()
+    """A copy: the VM's pool hands the same memory to a later call."""
+    return np.from_dlpack(t).copy()
 
 
 def load_kernels(library_path: str):
     """A library of standalone kernels, each callable by name (the self-test fixtures)."""
-    return tvm.runtime.load_module(library_path)
+    return tvm_ffi.load_module(library_path)
 
 
 def run_kernel(lib, name: str, inputs: list[np.ndarray], out_like: np.ndarray) -> np.ndarray:
     """Call one destination-passing kernel on copies of `inputs`; returns its output."""
-    args = [tvm.runtime.tensor(np.ascontiguousarray(a), CPU) for a in inputs]
-    out = tvm.runtime.tensor(np.zeros_like(out_like), CPU)
-    lib[name](*args, out)
-    return out.numpy()
+    args = [tensor(a) for a in inputs]
+    out = _aligned_copy(np.zeros_like(out_like), out_like.dtype)
+    lib[name](*args, tvm_ffi.from_dlpack(out))
+    return out
