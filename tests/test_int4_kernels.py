@@ -1,4 +1,4 @@
-"""int4 (W4A8) kernels against numpy: each form (VNNI, portable) on each tier that can run it.
+"""int4 (W4A8) kernels against numpy: each form (VNNI, AVX2, portable) on each tier that can run it.
 
 The reference is exact up to float rounding: `quantize_activations` (the numpy twin of the kernels'
 prologue), integer sums per group of 32, and the two scales applied per group.
@@ -83,24 +83,46 @@ def test_activation_twin_and_reference_track_the_float_product():
 @pytest.mark.skipif(not HAS_VNNI, reason=f"host tier {HOST_TIER} has no AVX-512 VNNI")
 @pytest.mark.parametrize(("n", "k"), SHAPES)
 def test_vnni_kernel_matches_numpy(n, k):
-    _check(_compile(int4.kernel_variant(n, k, vnni=True), tvm_api.host_target(2)), n, k, TOKENS)
+    _check(_compile(int4.kernel_variant(n, k, "vnni"), tvm_api.host_target(2)), n, k, TOKENS)
+
+
+@pytest.mark.parametrize(("n", "k"), SHAPES)
+def test_avx2_kernel_matches_numpy(n, k):
+    _check(_compile(int4.kernel_variant(n, k, "avx2"), HASWELL), n, k, TOKENS)
+
+
+def test_avx2_int16_pair_sums_do_not_overflow():
+    """The worst case for AVX2's int16 group sums: every nibble 15 (q = 7) against +-127."""
+    n, k = 16, 64
+    packed = int4.pack(np.ones((n, k), np.float32))
+    packed["weight"][:] = 0xFFFFFFFF  # every nibble 15
+    packed["scale"][:] = 1
+    assert (int4.unpack_q(packed["weight"], n) == 7).all()
+    lib = _compile(int4.kernel_variant(n, k, "avx2"), HASWELL)
+    for sign in (1.0, -1.0):
+        x = np.full((2, k), sign, np.float32)
+        y = tvm.runtime.tensor(np.zeros((2, n), np.float32))
+        lib["main"](tvm.runtime.tensor(x), *map(tvm.runtime.tensor, packed.values()), y)
+        want = int4.reference(x, packed["weight"], packed["scale"], n)
+        np.testing.assert_allclose(y.numpy(), want, rtol=1e-6)
 
 
 @pytest.mark.parametrize(("n", "k"), [(37, 640), (50, 4864), (16, 64), (5, 32)])
-def test_portable_kernel_matches_numpy_on_avx2(n, k):
-    _check(_compile(int4.kernel_variant(n, k, vnni=False), HASWELL), n, k, TOKENS)
+def test_portable_kernel_matches_numpy(n, k):
+    _check(_compile(int4.kernel_variant(n, k, "portable"), HASWELL), n, k, TOKENS)
 
 
 def test_dispatched_kernel_picks_each_tiers_form():
-    """`kernel` is the portable form, carrying the VNNI one; compiling swaps in the tier's."""
+    """`kernel` is the portable form, carrying the VNNI and AVX2 ones; compiling swaps in the tier's."""
     func = int4.kernel(37, 256)
 
-    def has_vpdpbusd(target: dict) -> bool:
-        mod = tvm_api.pick_isa_variants(tvm.IRModule({"main": func}), tvm_api.make_target(target))
-        return "vpdpbusd" in mod["main"].script()
+    def script_for(mcpu: str) -> str:
+        target = tvm_api.make_target({**tvm_api.host_target(2), "mcpu": mcpu})
+        return tvm_api.pick_isa_variants(tvm.IRModule({"main": func}), target)["main"].script()
 
-    assert not has_vpdpbusd(HASWELL)
-    assert has_vpdpbusd({**tvm_api.host_target(2), "mcpu": "icelake-server"})
+    assert "vpdpbusd" in script_for("icelake-server")
+    assert "pmadd.ub.sw" in script_for("haswell") and "vpdpbusd" not in script_for("haswell")
+    assert "pmadd" not in script_for("x86-64") and "vpdpbusd" not in script_for("x86-64")
     for _tier, target in tvm_api.cpu_tiers(2):  # and each tier's form runs right here
         _check(_compile(func, target), 37, 256, (1, 6, 40))
 

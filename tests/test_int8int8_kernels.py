@@ -1,4 +1,4 @@
-"""int8int8 (W8A8) kernels against numpy: each form (VNNI, portable) on each tier that can run it.
+"""int8int8 (W8A8) kernels against numpy: each form (VNNI, AVX2, portable) on each tier that can run it.
 
 The reference is exact: `quantize_activations` (the numpy twin of the kernels' prologue) and an
 integer matmul, so the only difference left is float32 rounding in the final rescale.
@@ -72,29 +72,51 @@ def test_quantize_activations_twin():
 @pytest.mark.skipif(not HAS_VNNI, reason=f"host tier {HOST_TIER} has no AVX-512 VNNI")
 @pytest.mark.parametrize(("n", "k"), [*SHAPES, ODD_K])
 def test_vnni_kernel_matches_numpy(n, k):
-    _check(_compile(int8int8.kernel_variant(n, k, vnni=True), tvm_api.host_target(2)), n, k, TOKENS)
+    _check(_compile(int8int8.kernel_variant(n, k, "vnni"), tvm_api.host_target(2)), n, k, TOKENS)
+
+
+@pytest.mark.parametrize(("n", "k"), [*SHAPES, ODD_K])
+def test_avx2_kernel_matches_numpy(n, k):
+    _check(_compile(int8int8.kernel_variant(n, k, "avx2"), HASWELL), n, k, TOKENS)
+
+
+def test_avx2_sign_trick_holds_at_the_extremes():
+    """|x| x sign-carried w in vpmaddubsw: pairs of 127 x 127 (and the weights' -127) must not
+    saturate its int16 sums."""
+    n, k = 16, 64
+    rng = np.random.default_rng(5)
+    packed = int8int8.pack(np.where(rng.random((n, k)) < 0.5, -1.0, 1.0).astype(np.float32))
+    assert set(np.unique(int8int8.unpack(packed["weight"], n))) == {-127, 127}
+    lib = _compile(int8int8.kernel_variant(n, k, "avx2"), HASWELL)
+    x = np.where(rng.random((3, k)) < 0.5, -1.0, 1.0).astype(np.float32)
+    y = tvm.runtime.tensor(np.zeros((3, n), np.float32))
+    lib["main"](tvm.runtime.tensor(x), *map(tvm.runtime.tensor, packed.values()), y)
+    want = x @ (int8int8.unpack(packed["weight"], n).astype(np.float32) * packed["scale"][:, None]).T
+    np.testing.assert_allclose(y.numpy(), want, rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize(("n", "k"), [(37, 640), (50, 4864), (16, 64), (5, 128), ODD_K])
-def test_portable_kernel_matches_numpy_on_avx2(n, k):
-    _check(_compile(int8int8.kernel_variant(n, k, vnni=False), HASWELL), n, k, TOKENS)
+def test_portable_kernel_matches_numpy(n, k):
+    _check(_compile(int8int8.kernel_variant(n, k, "portable"), HASWELL), n, k, TOKENS)
 
 
 def test_portable_kernel_matches_numpy_on_host():
-    _check(_compile(int8int8.kernel_variant(48, 896, vnni=False), tvm_api.host_target(2)), 48, 896, (1, 40))
+    _check(_compile(int8int8.kernel_variant(48, 896, "portable"), tvm_api.host_target(2)), 48, 896, (1, 40))
 
 
 def test_dispatched_kernel_picks_each_tiers_form():
-    """`kernel` is the portable form, carrying the VNNI one; compiling swaps in the tier's."""
+    """`kernel` is the portable form, carrying the VNNI and AVX2 ones; compiling swaps in the tier's."""
     func = int8int8.kernel(37, 256)
 
-    def has_vpdpbusd(target: dict) -> bool:
-        mod = tvm_api.pick_isa_variants(tvm.IRModule({"main": func}), tvm_api.make_target(target))
+    def script_for(mcpu: str) -> str:
+        target = tvm_api.make_target({**tvm_api.host_target(2), "mcpu": mcpu})
+        mod = tvm_api.pick_isa_variants(tvm.IRModule({"main": func}), target)
         assert tvm_api.ISA_VARIANTS not in mod["main"].attrs
-        return "vpdpbusd" in mod["main"].script()
+        return mod["main"].script()
 
-    assert not has_vpdpbusd(HASWELL)
-    assert has_vpdpbusd({**tvm_api.host_target(2), "mcpu": "icelake-server"})
+    assert "vpdpbusd" in script_for("icelake-server")
+    assert "psign" in script_for("haswell") and "vpdpbusd" not in script_for("haswell")
+    assert "psign" not in script_for("x86-64") and "vpdpbusd" not in script_for("x86-64")
     for _tier, target in tvm_api.cpu_tiers(2):  # and each tier's form runs right here
         _check(_compile(func, target), 37, 256, (1, 6, 40))
 

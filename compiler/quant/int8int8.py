@@ -13,6 +13,8 @@ Layout, chosen for AVX-512 VNNI (vpdpbusd: 16 int32 lanes, each += 4 u8 x s8 pro
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from tvm import te, tirx
 from tvm.script import tirx as T
@@ -97,15 +99,20 @@ DECODE_K_UNROLL = 4  # m = 1: independent accumulators along k (a vpdpbusd's lat
 # Prefill register tile: PANEL_TOKENS tokens x PANEL_BLOCKS row blocks of int32x16 accumulators.
 # VNNI: 6 x 2 = 12 accumulators + 2 weight vectors of 32 zmm. Portable: int32x16 is two ymm on
 # AVX2 (16 ymm), so a smaller tile that does not spill.
-PANEL_TILE = {True: (6, 2), False: (4, 1)}
+PANEL_TILE = {"vnni": (6, 2), "avx2": (4, 1), "portable": (4, 1)}
 AMAX_CHAINS = 4  # prologue: independent max chains
-VNNI_FEATURE = "avx512vnni"
+FORMS = ("vnni", "avx2", "portable")
+# The LLVM CPU feature each ISA-specific form needs, best first; "portable" runs anywhere.
+FEATURES = {"vnni": "avx512vnni", "avx2": "avx2"}
 
 
+# Every layer asks for the same few shapes, and parsing the TVMScript is most of an export
+# (Qwen-0.5B: 260 s for 96 linears x 3 forms): build each shape once. PrimFuncs are immutable.
+@functools.cache
 def kernel(out_features: int, in_features: int) -> tirx.PrimFunc:
-    """y = x @ W^T for W8A8: the portable kernel, carrying its VNNI form for the tiers that have it
-    (tvm_api swaps it in when compiling for such a target). The ideas, each measured on this 2-core
-    VM (8-10 GB/s from `python -m bench.bandwidth` that day):
+    """y = x @ W^T for W8A8: the portable kernel, carrying its VNNI and AVX2 forms for the tiers
+    that have them (tvm_api swaps one in when compiling for such a target). The ideas, 1-6 measured
+    on a 2-core Xeon (8-10 GB/s from `python -m bench.bandwidth` that day):
 
     1. Rows interleaved in blocks of 16 (see the module doc): one vpdpbusd is 16 rows x 4 k, its
        lanes are the 16 outputs, so no horizontal sums; the activation operand is one broadcast
@@ -129,27 +136,34 @@ def kernel(out_features: int, in_features: int) -> tirx.PrimFunc:
     216-326 GOP/s over the SmolLM2-135M and Qwen-0.5B shapes (int4's panel GEMM, same day:
     53-72 GFLOP/s). One core alone: ~0.9 vpdpbusd per cycle. The portable form on the AVX2 tier
     (LLVM makes its int32 multiplies pmaddwd): 6.6-7.6 GB/s decode, ~20 GOP/s prefill.
+    7. AVX2 without VNNI (Zen 3, Haswell): vpmaddubsw wants one unsigned operand, and x + 128
+       times an int8 weight overflows its int16 pair sums, so this form takes |x| as the unsigned
+       operand and the weight with x's sign (vpsignb): pairs of at most 127 x 128 fit; vpmaddwd by
+       ones widens them to int32. The products are then exact: no 128 * wsum to take off.
+       On a 2-core Zen 3 (EPYC), Qwen-0.5B's gate_up and down against the generic form: decode
+       14-29 -> 37-50 GB/s (L3-warm), prefill m = 512 39-57 -> 123-195 GOP/s.
     """
-    portable = _gemm(out_features, in_features, vnni=False)
-    return tvm_api.with_isa_variants(portable, [(VNNI_FEATURE, _gemm(out_features, in_features, vnni=True))])
+    portable = _gemm(out_features, in_features, "portable")
+    forms = [(FEATURES[f], _gemm(out_features, in_features, f)) for f in FORMS if f in FEATURES]
+    return tvm_api.with_isa_variants(portable, forms)
 
 
-def kernel_variant(out_features: int, in_features: int, vnni: bool) -> tirx.PrimFunc:
+def kernel_variant(out_features: int, in_features: int, form: str) -> tirx.PrimFunc:
     """One form of `kernel` on its own (tests compile each against numpy)."""
-    return _gemm(out_features, in_features, vnni)
+    return _gemm(out_features, in_features, form)
 
 
 def _vector_lanes(n: int) -> int:
     return next(v for v in (16, 8, 4) if n % v == 0)
 
 
-def _gemm(n_rows: int, in_features: int, vnni: bool) -> tirx.PrimFunc:
+def _gemm(n_rows: int, in_features: int, form: str) -> tirx.PrimFunc:
     words, lanes = in_features // PER_WORD, ROW_BLOCK
     blocks = -(-n_rows // lanes)
     vl = _vector_lanes(in_features)  # prologue vector width
     n_vec = in_features // vl
     ahead = PREFETCH_BYTES // (lanes * 4)  # in words: a block's step along k is one 64-byte line
-    panel_tokens, panel_blocks = PANEL_TILE[vnni]
+    panel_tokens, panel_blocks = PANEL_TILE[form]
     panel_tasks = -(-blocks // panel_blocks)
 
     def vec(start, n=lanes):
@@ -157,7 +171,7 @@ def _gemm(n_rows: int, in_features: int, vnni: bool) -> tirx.PrimFunc:
 
     def dot(acc, xq, t, j, wv):
         """acc (int32x16) + the 4-k dot products of x[t, 4j:4j+4] with the 16 rows in wv."""
-        if vnni:
+        if form == "vnni":
             a = T.Broadcast(T.reinterpret("int32", xq[t, vec(j * PER_WORD, PER_WORD)]), lanes)
             return tvm_api.vpdpbusd_512(acc, a, wv)
         total = acc
@@ -166,6 +180,22 @@ def _gemm(n_rows: int, in_features: int, vnni: bool) -> tirx.PrimFunc:
             # int32 multiply a pmaddwd (an int32 activation, of unknown range, costs a pmulld)
             total = total + _byte(wv, i) * T.Broadcast(T.Cast("int32", xq[t, j * PER_WORD + i]), lanes)
         return total
+
+    ymm = lanes // 2  # AVX2 (idea 7) works on 8 rows x 4 k at a time
+    offset = 0 if form == "avx2" else OFFSET  # what the epilogue takes off, times wsum
+
+    def dot_half(acc, xq, t, j, w, b, h):
+        """acc (int32x8) + the 4-k dot products of x[t, 4j:4j+4] with rows 8h .. 8h+7 of block b."""
+        # xor 0x80808080 turns each stored q + 128 back into q
+        x = T.reinterpret("int32", xq[t, vec(j * PER_WORD, PER_WORD)]) ^ T.int32(-0x7F7F7F80)
+        xs = T.reinterpret("int8x32", T.Broadcast(x, ymm))
+        signed = T.call_llvm_pure_intrin(
+            "int8x32", "llvm.x86.avx2.psign.b", T.reinterpret("int8x32", w[b, j, vec(h * ymm, ymm)]), xs
+        )
+        pairs = T.call_llvm_pure_intrin("int16x16", "llvm.x86.avx2.pmadd.ub.sw", T.abs(xs), signed)
+        return acc + T.call_llvm_pure_intrin(
+            f"int32x{ymm}", "llvm.x86.avx2.pmadd.wd", pairs, T.Broadcast(T.int16(1), 2 * ymm)
+        )
 
     # Index helpers (Python, so they inline: a TVMScript assignment becomes a stored variable).
     # A tile hanging over the last block or token reads the clamped one and stores nothing.
@@ -248,32 +278,46 @@ def _gemm(n_rows: int, in_features: int, vnni: bool) -> tirx.PrimFunc:
                         )
                     )
                     for t in T.unroll(tm):
-                        acc[t, r, u, vec(0)] = dot(
-                            acc[t, r, u, vec(0)],
-                            xq,
-                            tok(t0, t, m),
-                            jo * ku + u,
-                            w[blk(b0, r), jo * ku + u, vec(0)],
-                        )
+                        if form == "avx2":
+                            for h in T.unroll(2):
+                                acc[t, r, u, vec(h * ymm, ymm)] = dot_half(
+                                    acc[t, r, u, vec(h * ymm, ymm)], xq, tok(t0, t, m), jo * ku + u,
+                                    w, blk(b0, r), h,
+                                )  # fmt: skip
+                        else:
+                            acc[t, r, u, vec(0)] = dot(
+                                acc[t, r, u, vec(0)],
+                                xq,
+                                tok(t0, t, m),
+                                jo * ku + u,
+                                w[blk(b0, r), jo * ku + u, vec(0)],
+                            )
         for jt in T.serial(words % ku):  # k left over when ku does not divide it
             for r in T.unroll(rb):
                 for t in T.unroll(tm):
-                    acc[t, r, 0, vec(0)] = dot(
-                        acc[t, r, 0, vec(0)], xq, tok(t0, t, m), words // ku * ku + jt,
-                        w[blk(b0, r), words // ku * ku + jt, vec(0)],
-                    )  # fmt: skip
+                    if form == "avx2":
+                        for h in T.unroll(2):
+                            acc[t, r, 0, vec(h * ymm, ymm)] = dot_half(
+                                acc[t, r, 0, vec(h * ymm, ymm)], xq, tok(t0, t, m), words // ku * ku + jt,
+                                w, blk(b0, r), h,
+                            )  # fmt: skip
+                    else:
+                        acc[t, r, 0, vec(0)] = dot(
+                            acc[t, r, 0, vec(0)], xq, tok(t0, t, m), words // ku * ku + jt,
+                            w[blk(b0, r), words // ku * ku + jt, vec(0)],
+                        )  # fmt: skip
         for t in T.unroll(tm):
             for r in T.unroll(rb):
                 if t0 + t < m and b0 + r < blocks:
                     if (b0 + r + 1) * lanes <= n_rows:
                         y[t0 + t, vec((b0 + r) * lanes)] = T.Cast(
-                            "float32x16", k_sum(acc, t, r, ku) - wsum[vec((b0 + r) * lanes)] * OFFSET
+                            "float32x16", k_sum(acc, t, r, ku) - wsum[vec((b0 + r) * lanes)] * offset
                         ) * (T.Broadcast(xs[t0 + t], lanes) * scale[vec((b0 + r) * lanes)])
                     else:  # the last block, with rows past `out`: lane by lane
                         acc[t, r, 0, vec(0)] = k_sum(acc, t, r, ku)
                         for i in T.serial(n_rows - (b0 + r) * lanes):
                             y[t0 + t, (b0 + r) * lanes + i] = T.Cast(
-                                "float32", acc[t, r, 0, i] - wsum[(b0 + r) * lanes + i] * OFFSET
+                                "float32", acc[t, r, 0, i] - wsum[(b0 + r) * lanes + i] * offset
                             ) * (xs[t0 + t] * scale[(b0 + r) * lanes + i])
 
     @T.prim_func(private=True)  # private: relax names each instance
