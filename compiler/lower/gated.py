@@ -28,6 +28,7 @@ Per call, against relax's fused kernel (TVM_NUM_THREADS=2, min of repeats, same 
 
 from __future__ import annotations
 
+import functools
 import math
 
 from tvm import tirx
@@ -95,6 +96,9 @@ def _tail_pieces(inter: int) -> list[tuple[int, int]]:
     return pieces
 
 
+# Every layer asks for the same few shapes, and parsing the TVMScript is most of an export
+# (Qwen-0.5B: 260 s for 96 linears x 3 forms): build each shape once. PrimFuncs are immutable.
+@functools.cache
 def kernel(inter: int, activation: str) -> tirx.PrimFunc:
     """y (m, inter) = act(x[:, :inter]) * x[:, inter:] for x (m, 2*inter) float32, m symbolic."""
     if activation not in ACTIVATIONS:

@@ -147,9 +147,11 @@ def export_library(executable, path: str) -> None:
 
 
 # -- CPU ISA tiers --------------------------------------------------------------------------------
-# A bundle carries its model compiled for the host's best tier and for AVX2, so a runtime whose
-# self-test finds the best tier's kernels wrong can step down instead of returning wrong numbers.
-FALLBACK_TIERS = (("avx2", "haswell"),)
+# A bundle carries its model compiled for the host's best tier and for the next tier below it
+# (AVX2, or on an AVX2 host the generic x86-64-v2 forms), so a runtime whose self-test finds the
+# best tier's kernels wrong can step down instead of returning wrong numbers.
+TIER_ORDER = ("avx512-vnni", "avx512", "avx2", "sse")
+FALLBACK_TIERS = (("avx2", "haswell"), ("sse", "x86-64-v2"))
 
 
 def host_tier_name() -> str:
@@ -165,11 +167,9 @@ def host_tier_name() -> str:
 def cpu_tiers(num_cores: int | None = None) -> list[tuple[str, dict[str, Any]]]:
     """(tier name, target) from the best tier down; the first is the host's own ISA."""
     host = host_target(num_cores)
-    tiers = [(host_tier_name(), host)]
-    for name, mcpu in FALLBACK_TIERS:
-        if name != tiers[0][0] and tiers[0][0] != "sse":
-            tiers.append((name, {**host, "mcpu": mcpu}))
-    return tiers
+    best = host_tier_name()
+    below = [(n, mcpu) for n, mcpu in FALLBACK_TIERS if TIER_ORDER.index(n) > TIER_ORDER.index(best)]
+    return [(best, host), *((n, {**host, "mcpu": mcpu}) for n, mcpu in below[:1])]
 
 
 # -- kernels with an ISA-specific form ------------------------------------------------------------
