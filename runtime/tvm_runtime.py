@@ -1,7 +1,7 @@
 """The runtime's only door to TVM: libtvm_runtime through tvm_ffi, never the compiler.
 
 A cold start pays for every import, so this module does not `import tvm` (its Python package costs
-~0.3 s on top of the library, DESIGN.md §4). It loads libtvm_runtime itself, next to tvm_ffi, and
+~0.15 s on top of the library here, measured). It loads libtvm_runtime itself, next to tvm_ffi, and
 drives the Relax VM through the packed functions the library registers. A compiler in the same
 process (a build, the tests) imports tvm as usual; both then share the one loaded runtime library.
 """
