@@ -257,6 +257,17 @@ def _gemm(n_rows: int, in_features: int, form: str) -> tirx.PrimFunc:
             )
 
     @T.macro
+    def step(w, xq, acc, t, r, u, tg, b, j):
+        """Accumulator (t, r, u) += token tg's x at word j times row block b's word j."""
+        if form == "avx2":
+            for h in T.unroll(2):
+                acc[t, r, u, vec(h * ymm, ymm)] = dot_half(
+                    acc[t, r, u, vec(h * ymm, ymm)], xq, tg, j, w, b, h
+                )
+        else:
+            acc[t, r, u, vec(0)] = dot(acc[t, r, u, vec(0)], xq, tg, j, w[b, j, vec(0)])
+
+    @T.macro
     def tile(w, wsum, scale, y, xq, xs, m, b0, t0, tm, rb, ku):
         """Tokens t0 .. t0+tm-1 x row blocks b0 .. b0+rb-1, k split over ku accumulators."""
         acc = T.alloc_buffer((tm, rb, ku, lanes), "int32")
@@ -278,34 +289,11 @@ def _gemm(n_rows: int, in_features: int, form: str) -> tirx.PrimFunc:
                         )
                     )
                     for t in T.unroll(tm):
-                        if form == "avx2":
-                            for h in T.unroll(2):
-                                acc[t, r, u, vec(h * ymm, ymm)] = dot_half(
-                                    acc[t, r, u, vec(h * ymm, ymm)], xq, tok(t0, t, m), jo * ku + u,
-                                    w, blk(b0, r), h,
-                                )  # fmt: skip
-                        else:
-                            acc[t, r, u, vec(0)] = dot(
-                                acc[t, r, u, vec(0)],
-                                xq,
-                                tok(t0, t, m),
-                                jo * ku + u,
-                                w[blk(b0, r), jo * ku + u, vec(0)],
-                            )
+                        step(w, xq, acc, t, r, u, tok(t0, t, m), blk(b0, r), jo * ku + u)
         for jt in T.serial(words % ku):  # k left over when ku does not divide it
             for r in T.unroll(rb):
                 for t in T.unroll(tm):
-                    if form == "avx2":
-                        for h in T.unroll(2):
-                            acc[t, r, 0, vec(h * ymm, ymm)] = dot_half(
-                                acc[t, r, 0, vec(h * ymm, ymm)], xq, tok(t0, t, m), words // ku * ku + jt,
-                                w, blk(b0, r), h,
-                            )  # fmt: skip
-                    else:
-                        acc[t, r, 0, vec(0)] = dot(
-                            acc[t, r, 0, vec(0)], xq, tok(t0, t, m), words // ku * ku + jt,
-                            w[blk(b0, r), words // ku * ku + jt, vec(0)],
-                        )  # fmt: skip
+                    step(w, xq, acc, t, r, 0, tok(t0, t, m), blk(b0, r), words // ku * ku + jt)
         for t in T.unroll(tm):
             for r in T.unroll(rb):
                 if t0 + t < m and b0 + r < blocks:
