@@ -31,7 +31,7 @@ def _avoid_lookup_misses() -> None:
     """
     lookup = getattr(core, "_object_type_key_to_index", None)
     list_keys = tvm_ffi.get_global_func("ffi.GetRegisteredTypeKeys", allow_missing=True)
-    if lookup is None or list_keys is None or getattr(lookup, "_goinfer_guarded", False):
+    if lookup is None or list_keys is None:
         return
     known: set[str] = set()
 
@@ -43,7 +43,6 @@ def _avoid_lookup_misses() -> None:
                 return None  # what the lookup itself answers for a miss
         return lookup(key)
 
-    key_to_index._goinfer_guarded = True  # type: ignore[attr-defined]
     core._object_type_key_to_index = key_to_index
 
 
