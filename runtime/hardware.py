@@ -42,18 +42,18 @@ def _meminfo_gib(key: str) -> float | None:
 
 
 def facts() -> dict[str, Any]:
-    import tvm
-    from goinfer.runtime import selftest
+    from goinfer.runtime import selftest, threads
 
     info = _cpuinfo()
     flags = set(info.get("flags", "").split())
     return {
         "goinfer": _version(),
-        "tvm": tvm.__version__,
+        "tvm": _version("apache-tvm"),
         "python": platform.python_version(),
         "os": f"{platform.system()} {platform.release()} ({platform.machine()})",
         "cpu": info.get("model name") or platform.processor() or "unknown",
         "threads": os.cpu_count(),
+        "kernel_threads": threads.configure(),
         "isa": {f: f in flags for f in ISA_FLAGS},
         "memory_gib": {"total": _meminfo_gib("MemTotal"), "available": _meminfo_gib("MemAvailable")},
         "backends": {"llvm (CPU)": "linked", "cuda": "not built", "metal": "not built"},
@@ -61,11 +61,11 @@ def facts() -> dict[str, Any]:
     }
 
 
-def _version() -> str:
+def _version(package: str = "goinfer") -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version("goinfer")
+        return version(package)
     except PackageNotFoundError:
         return "unknown"
 
@@ -76,7 +76,7 @@ def render(f: dict[str, Any], tiers: list[tuple[str, str]]) -> str:
     lines = [
         f"goinfer   {f['goinfer']}  (TVM {f['tvm']}, Python {f['python']})",
         f"os        {f['os']}",
-        f"cpu       {f['cpu']}, {f['threads']} threads",
+        f"cpu       {f['cpu']}, {f['threads']} threads (kernels run on {f['kernel_threads']})",
         "isa       " + " ".join(f"{k}{'+' if v else '-'}" for k, v in f["isa"].items()),
         "          (AMX is switched off in every build: its instructions fault on these VMs)",
         "tiers     " + ", ".join(f"{t} ({state})" for t, state in tiers),

@@ -16,6 +16,8 @@ import tvm_ffi
 from tvm_ffi import Shape, core
 from tvm_ffi.libinfo import load_lib_ctypes
 
+from . import threads
+
 _CPU_DEVICE_TYPE = 1  # kDLCPU
 _POOLED_ALLOCATOR = 2  # the VM's memory pool: kernel outputs are reused between calls
 _ALIGN = 64  # TVM kernels assume 64-byte aligned buffers
@@ -58,6 +60,7 @@ def _load_runtime_library() -> None:
 
 
 _avoid_lookup_misses()
+THREADS = threads.configure()  # before the pool's first use, which reads it
 _load_runtime_library()
 
 _reshape = tvm_ffi.get_global_func("vm.builtin.reshape")
