@@ -92,6 +92,9 @@ def _attend(d: int, key_row, value_offset: int, paged_blocks: bool):
     def at(c):
         return T.ramp(c * vl, 1, vl)
 
+    def live(blk, n_keys):  # which of the block's keys exist (a bool vector cannot be bound)
+        return T.ramp(blk * KB, 1, KB) < T.Broadcast(n_keys, KB)
+
     def dot(qf, kf, row, krow):  # q . k as vl partial sums: one FMA chain over d / vl chunks
         acc = qf[row, at(0)] * kf[krow, at(0)]
         for c in range(1, chunks):
@@ -110,20 +113,20 @@ def _attend(d: int, key_row, value_offset: int, paged_blocks: bool):
         state[1] = T.float32(0)
         for blk in T.serial((n_keys + KB - 1) // KB):
             if paged_blocks:  # one page lookup a block
-                base = key_row(where, first + blk * KB)
+                base = T.Bind(key_row(where, first + blk * KB))
                 for jj in T.serial(KB):
                     krow[jj] = base + T.min(jj, n_keys - 1 - blk * KB)  # past the end: valid, masked
             else:
                 for jj in T.serial(KB):
                     krow[jj] = key_row(where, first + T.min(blk * KB + jj, n_keys - 1))
-            live = T.ramp(blk * KB, 1, KB) < T.Broadcast(n_keys, KB)
             dots = _pair_sums([dot(qf, kf, row, krow[jj]) for jj in range(KB)], vl)
-            scores = T.Select(live, dots * T.Broadcast(scale, KB), _splat(_MIN))
+            scores = T.Bind(T.Select(live(blk, n_keys), dots * T.Broadcast(scale, KB), _splat(_MIN)))
             p[T.ramp(0, 1, KB)] = scores
             # online softmax: fold this block into the running max/sum, rescale the output once
-            m_new = T.max(state[0], _tree(T.max, [p[jj] for jj in range(KB)]))
-            alpha = T.exp2(state[0] - m_new)
-            p[T.ramp(0, 1, KB)] = T.Select(live, _weight(scores - T.Broadcast(m_new, KB)), _splat(0))
+            m_new = T.Bind(T.max(state[0], _tree(T.max, [p[jj] for jj in range(KB)])))
+            alpha = T.Bind(T.exp2(state[0] - m_new))
+            weights = T.Bind(_weight(scores - T.Broadcast(m_new, KB)))
+            p[T.ramp(0, 1, KB)] = T.Select(live(blk, n_keys), weights, _splat(0))
             state[0] = m_new
             state[1] = state[1] * alpha + _tree(_add, [p[jj] for jj in range(KB)])
             for c in T.unroll(chunks):
@@ -131,7 +134,7 @@ def _attend(d: int, key_row, value_offset: int, paged_blocks: bool):
             for jj in T.unroll(KB):
                 for c in T.unroll(chunks):
                     o[at(c)] = o[at(c)] + vf[krow[jj] + value_offset, at(c)] * T.Broadcast(p[jj], vl)
-        inv = T.float32(1) / T.max(state[1], T.float32(1e-30))  # no keys: output 0, not NaN
+        inv = T.Bind(T.float32(1) / T.max(state[1], T.float32(1e-30)))  # no keys: output 0, not NaN
         for c in T.unroll(chunks):
             of[row, at(c)] = o[at(c)] * T.Broadcast(inv, vl)
         lf[row] = state[0] + T.log2(T.max(state[1], T.float32(1e-30)))
@@ -142,13 +145,15 @@ def _attend(d: int, key_row, value_offset: int, paged_blocks: bool):
 def _pair_sums(vectors: list, vl: int):
     """n vectors of vl partial sums each (one per key) -> the n totals as one n-lane vector, in
     order. Each level adds neighbouring lanes of two vectors into one (two shuffles and an add):
-    a vector then holds twice the keys, with half the partials each."""
+    a vector then holds twice the keys, with half the partials each. Called while a kernel is
+    parsed: every vector is bound once (T.Bind), or each use would copy its whole subtree."""
     evens = [2 * i for i in range(vl)]
     odds = [2 * i + 1 for i in range(vl)]
     partials = vl
+    vectors = [T.Bind(v) for v in vectors]
     while partials > 1:
         vectors = [
-            T.Shuffle([a, b], evens) + T.Shuffle([a, b], odds)
+            T.Bind(T.Shuffle([a, b], evens) + T.Shuffle([a, b], odds))
             for a, b in zip(vectors[0::2], vectors[1::2], strict=True)
         ]
         partials //= 2
@@ -239,8 +244,8 @@ def _prefill_tile(d: int, h_kv: int, h_q: int, stride: int, aligned: bool, block
         # 2. online softmax, all rows at once: mask, fold the block's max in, rescale the sum
         for jj in T.unroll(KB):
             s[at(jj)] = T.Select(sees(j0 + jj, lo, hi), s[at(jj)], lowest)
-        m_new = T.max(ms[at(0)], over_keys(T.max, s))
-        alpha = _weight(ms[at(0)] - m_new)
+        m_new = T.Bind(T.max(ms[at(0)], over_keys(T.max, s)))
+        alpha = T.Bind(_weight(ms[at(0)] - m_new))
         ms[at(0)] = m_new
         for jj in T.unroll(KB):  # scores -> weights p; a masked key's is exactly 0
             s[at(jj)] = T.Select(sees(j0 + jj, lo, hi), _weight(s[at(jj)] - m_new), zeros)
@@ -267,6 +272,7 @@ def _prefill_tile(d: int, h_kv: int, h_q: int, stride: int, aligned: bool, block
         ms = T.alloc_buffer((R,), "float32")  # running max
         ls = T.alloc_buffer((R,), "float32")  # running sum
         span = T.alloc_buffer((2,), "int32")  # the keys any row sees
+        bounds = T.alloc_buffer((3,), "int32")
         rows = T.alloc_buffer((R,), "int32")  # each row's q / output row (past the last: the last's)
         span[0] = T.int32(2**31 - 1)
         span[1] = 0
@@ -288,24 +294,27 @@ def _prefill_tile(d: int, h_kv: int, h_q: int, stride: int, aligned: bool, block
         ms[at(0)] = lowest
         ls[at(0)] = zeros
         for seg in T.serial(len(segs)):
-            a = T.max(span[0], pick(segs, seg, 0))
-            b = T.min(span[1], pick(segs, seg, 1))
-            shift = pick(segs, seg, 2)
+            # the segment's keys [a, b) and shift, kept in memory: as bound values LLVM
+            # specializes the segment loop and a sliding kernel takes 10x as long to compile
+            bounds[0] = T.max(span[0], pick(segs, seg, 0))
+            bounds[1] = T.min(span[1], pick(segs, seg, 1))
+            bounds[2] = pick(segs, seg, 2)
+            a, b, shift = T.meta_var((bounds[0], bounds[1], bounds[2]))
             if a < b:
-                lo = T.max(lo_b[at(0)], _vec(a))  # each row's range, cut to this segment
-                hi = T.min(hi_b[at(0)], _vec(b))
-                p_start = (a + shift) // KB * KB if aligned else a + shift
+                lo = T.Bind(T.max(lo_b[at(0)], _vec(a)))  # each row's range, cut to this segment
+                hi = T.Bind(T.min(hi_b[at(0)], _vec(b)))
+                p_start = T.Bind((a + shift) // KB * KB if aligned else a + shift)
                 for blk in T.serial((b + shift - p_start + KB - 1) // KB):
-                    j0 = p_start + blk * KB - shift
+                    j0 = T.Bind(p_start + blk * KB - shift)
                     if j0 >= a and j0 + KB <= b:  # KB real keys, contiguous: read in place
-                        k0 = block_at(where, j0 + shift, 0)
-                        v0 = block_at(where, j0 + shift, 1)
+                        k0 = T.Bind(block_at(where, j0 + shift, 0))
+                        v0 = T.Bind(block_at(where, j0 + shift, 1))
                         block(ksrc, k0, vsrc, v0, stride, j0, lo, hi, qt, ot, s, ms, ls, acc)
                     else:  # an edge: copy the real keys, zeros elsewhere (masked; never garbage)
                         for jj in T.serial(KB):
                             if j0 + jj >= a and j0 + jj < b:
-                                k_row = block_at(where, j0 + jj + shift, 0)
-                                v_row = block_at(where, j0 + jj + shift, 1)
+                                k_row = T.Bind(block_at(where, j0 + jj + shift, 0))
+                                v_row = T.Bind(block_at(where, j0 + jj + shift, 1))
                                 for c in T.serial(d // vl):
                                     kb[T.ramp(jj * d + c * vl, 1, vl)] = ksrc[T.ramp(k_row + c * vl, 1, vl)]
                                     vb[T.ramp(jj * d + c * vl, 1, vl)] = vsrc[T.ramp(v_row + c * vl, 1, vl)]
@@ -374,21 +383,21 @@ def prefill_ragged(h_kv: int, h_q: int, d: int) -> tirx.PrimFunc:
         of = T.decl_buffer((qo_len * h_q, d), "float32", data=output.data)
         lf = T.decl_buffer((qo_len * h_q,), "float32", data=lse.data)
         for b in T.serial(batch_size):
-            n_q = q_indptr[b + 1] - q_indptr[b]
-            n_kv = kv_indptr[b + 1] - kv_indptr[b]
-            n_tiles = (n_q * group + ROWS - 1) // ROWS
+            n_q = T.Bind(q_indptr[b + 1] - q_indptr[b])
+            n_kv = T.Bind(kv_indptr[b + 1] - kv_indptr[b])
+            n_tiles = T.Bind((n_q * group + ROWS - 1) // ROWS)
             # a task per (tile of 16 query x head rows, kv head), 128 for Gemma's 512 tokens and
             # 448 for Qwen's; 512-token prompt: 21.3 -> 5.6 ms (Gemma), 33.1 -> 5.0 ms (Qwen)
             for task in T.parallel(n_tiles * h_kv):
-                hk = task % h_kv
-                tile = _zigzag(task // h_kv, n_tiles)
+                hk = T.Bind(task % h_kv)
+                tile = T.Bind(_zigzag(task // h_kv, n_tiles))
                 lo_b = T.alloc_buffer((ROWS,), "int32")  # each row's keys [lo, hi)
                 hi_b = T.alloc_buffer((ROWS,), "int32")
                 for r in T.serial(ROWS):  # causal: query qi sees keys up to its own position
-                    qi = (tile * ROWS + r) // group
+                    qi = T.Bind((tile * ROWS + r) // group)
                     lo_b[r] = 0
                     hi_b[r] = T.if_then_else(causal > 0, T.min(n_kv - n_q + qi + 1, n_kv), n_kv)
-                segs = ((0, n_kv, 0),)
+                segs = T.meta_var(((0, n_kv, 0),))
                 attend(qf, of, lf, q_indptr[b], hk, tile, n_q * group, sm_scale * LOG2E,
                        lo_b, hi_b, kf, vf, (kv_indptr[b], hk), segs)  # fmt: skip
 
@@ -435,12 +444,12 @@ def decode_paged(h_kv: int, h_q: int, d: int, sliding: bool) -> tirx.PrimFunc:
         of = T.decl_buffer((batch * h_q, d), "float32", data=output.data)
         lf = T.decl_buffer((batch * h_q,), "float32", data=lse.data)
         for task in T.parallel(batch * h_q):
-            b = task // h_q
-            h = task % h_q
-            first = page_indptr[b]
-            n_pages = page_indptr[b + 1] - first
-            n_keys = T.if_then_else(n_pages > 0, _kv_len(info, sliding, b, n_pages), 0)
-            where = (page_values, first, info, b, h)
+            b = T.Bind(task // h_q)
+            h = T.Bind(task % h_q)
+            first = T.Bind(page_indptr[b])
+            n_pages = T.Bind(page_indptr[b + 1] - first)
+            n_keys = T.Bind(T.if_then_else(n_pages > 0, _kv_len(info, sliding, b, n_pages), 0))
+            where = T.meta_var((page_values, first, info, b, h))
             attend(qf, pf, pf, of, lf, task, where, 0, n_keys, sm_scale * LOG2E)
 
     return attention_decode_paged
@@ -498,22 +507,22 @@ def prefill_paged(h_kv: int, h_q: int, d: int, sliding: bool, window: int) -> ti
         of = T.decl_buffer((total * h_q, d), "float32", data=output.data)
         lf = T.decl_buffer((total * h_q,), "float32", data=lse.data)
         for b in T.serial(batch):
-            n_q = q_indptr[b + 1] - q_indptr[b]
-            n_pages = page_indptr[b + 1] - page_indptr[b]
-            n_kv = T.if_then_else(n_pages > 0, _kv_len(info, sliding, b, n_pages), 0)
-            n_tiles = (n_q * group + ROWS - 1) // ROWS
+            n_q = T.Bind(q_indptr[b + 1] - q_indptr[b])
+            n_pages = T.Bind(page_indptr[b + 1] - page_indptr[b])
+            n_kv = T.Bind(T.if_then_else(n_pages > 0, _kv_len(info, sliding, b, n_pages), 0))
+            n_tiles = T.Bind((n_q * group + ROWS - 1) // ROWS)
             # as the ragged kernel, keys read from their pages; Gemma, 256 queries over 256 slots
             # of history: 9.1 -> 2.8 ms (sliding), 11.0 -> 2.9 ms
             for task in T.parallel(n_tiles * h_kv):
-                hk = task % h_kv
-                tile = _zigzag(task // h_kv, n_tiles)
+                hk = T.Bind(task % h_kv)
+                tile = T.Bind(_zigzag(task // h_kv, n_tiles))
                 lo_b = T.alloc_buffer((ROWS,), "int32")  # each row's keys [lo, hi)
                 hi_b = T.alloc_buffer((ROWS,), "int32")
                 for r in T.serial(ROWS):
                     lo_b[r] = _visible(causal, window, n_kv, n_q, (tile * ROWS + r) // group)[0]
                     hi_b[r] = _visible(causal, window, n_kv, n_q, (tile * ROWS + r) // group)[1]
-                where = (page_values, page_indptr[b], hk)
-                segs = _segments(info, sliding, b, n_kv)
+                where = T.meta_var((page_values, page_indptr[b], hk))
+                segs = T.meta_var(_segments(info, sliding, b, n_kv))
                 attend(qf, of, lf, q_indptr[b], hk, tile, n_q * group, sm_scale * LOG2E,
                        lo_b, hi_b, pf, pf, where, segs)  # fmt: skip
 

@@ -264,7 +264,7 @@ def _gemm(n_rows: int, in_features: int, form: str) -> tirx.PrimFunc:
             peak[vec(0, half)] = T.max(
                 T.abs(x[t, vec(g * GROUP, half)]), T.abs(x[t, vec(g * GROUP + half, half)])
             )
-            amax = hreduce(peak, T.max, half)
+            amax = T.Bind(hreduce(peak, T.max, half))
             xs[t, g] = T.Select(amax > T.float32(0), amax / T.float32(127), T.float32(1))
             qs = T.alloc_buffer((half,), "int32")
             qs[vec(0, half)] = T.Broadcast(T.int32(0), half)
