@@ -2,6 +2,7 @@
 
 - QuantMatmul: our quantized matmuls (block "qmatmul"): output rows split across cores, K innermost
   and read in storage order, so a weight is streamed once, dequantized in registers.
+- SmallSerial: static, small kernels (a decode step's norms, adds, RoPE) stay serial.
 - dlight's CPU rules for norms and softmax-like reductions.
 - ParallelFallback: anything left (elementwise, gathers, small reductions) runs its outer spatial
   loop in parallel, so no kernel is left serial and unscheduled.
@@ -14,6 +15,7 @@ from tvm.s_tir import dlight
 from tvm.target import Target
 
 ROW_TILE = 16  # output rows per parallel task
+SERIAL_MAX = 8192  # loop iterations below which a kernel is not worth a parallel launch
 
 
 def _blocks(sch: s_tir.Schedule) -> list:
@@ -95,6 +97,29 @@ class QuantMatmul(dlight.ScheduleRule):
         return sch
 
 
+class SmallSerial(dlight.ScheduleRule):
+    """A kernel whose loops are all static and small runs as written, on the calling thread: one
+    decode step's norms, residual adds and RoPE are a few thousand elements, less work than
+    waking the thread pool and waiting for its slowest thread."""
+
+    def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool):
+        if not isinstance(func, tirx.PrimFunc):
+            return None
+        sch = s_tir.Schedule(func)
+        if not _has_root(sch):
+            return None
+        for block in _blocks(sch):
+            extent = 1
+            for loop in sch.get_loops(block):
+                n = sch.get(loop).extent
+                if not isinstance(n, tirx.IntImm):
+                    return None
+                extent *= int(n)
+            if extent > SERIAL_MAX:
+                return None
+        return sch
+
+
 class ParallelFallback(dlight.ScheduleRule):
     def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool):
         if not isinstance(func, tirx.PrimFunc):
@@ -108,4 +133,4 @@ class ParallelFallback(dlight.ScheduleRule):
 
 
 def cpu_rules() -> list[dlight.ScheduleRule]:
-    return [QuantMatmul(), dlight.cpu.Reduction(), dlight.cpu.GEMV(), ParallelFallback()]
+    return [QuantMatmul(), SmallSerial(), dlight.cpu.Reduction(), dlight.cpu.GEMV(), ParallelFallback()]

@@ -114,7 +114,7 @@ class CausalLM(nn.Module):
         return self._logits(self._body(input_embed, kv)), kv
 
     def decode(self, input_embed: Tensor, kv: tvm_api.PagedKVCache):
-        """One new token for each of `batch` sequences: (batch, 1, hidden) -> (batch, 1, vocab)."""
+        """One new token of one sequence: (1, 1, hidden) -> (1, 1, vocab)."""
         return self._logits(self._body(input_embed, kv)), kv
 
     def create_kv_cache(
@@ -145,7 +145,9 @@ class CausalLM(nn.Module):
                     "kv": kv,
                     "$": packed,
                 },
-                "decode": {"input_embed": nn.spec.Tensor(["batch", 1, d], "float32"), "kv": kv, "$": packed},
+                # One sequence, static shapes: the VM plans every buffer at build time, and the
+                # small elementwise kernels run serial (schedules.SmallSerial).
+                "decode": {"input_embed": nn.spec.Tensor([1, 1, d], "float32"), "kv": kv, "$": packed},
                 "create_kv_cache": {
                     "max_batch_size": int,
                     "max_total_seq_len": int,

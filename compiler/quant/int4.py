@@ -369,14 +369,18 @@ def _gemm(n_rows: int, in_features: int, form: str) -> tirx.PrimFunc:
         m = T.int64()
         x = T.match_buffer(x_h, (m, in_features), "float32")
         y = T.match_buffer(y_h, (m, n_rows), "float32")
-        xq = T.alloc_buffer((m, in_features), "int8")
-        xs = T.alloc_buffer((m, groups), "float32")
-        xc = T.alloc_buffer((m, groups), "int32")
         if m == 1:
-            quantize(x, xq, xs, xc, 0)  # serial: one token is not worth a parallel launch
+            # static scratch: on the stack where small, not a workspace alloc per call
+            xq1 = T.alloc_buffer((1, in_features), "int8")
+            xs1 = T.alloc_buffer((1, groups), "float32")
+            xc1 = T.alloc_buffer((1, groups), "int32")
+            quantize(x, xq1, xs1, xc1, 0)  # serial: one token is not worth a parallel launch
             for task in T.parallel((blocks + dec_rb - 1) // dec_rb):
-                tile(w, s, y, xq, xs, xc, m, task * dec_rb, T.int64(0), dec_tm, dec_rb)
+                tile(w, s, y, xq1, xs1, xc1, m, task * dec_rb, T.int64(0), dec_tm, dec_rb)
         else:
+            xq = T.alloc_buffer((m, in_features), "int8")
+            xs = T.alloc_buffer((m, groups), "float32")
+            xc = T.alloc_buffer((m, groups), "int32")
             for t in T.parallel(m):
                 quantize(x, xq, xs, xc, t)
             for task in T.parallel((blocks + rb - 1) // rb):

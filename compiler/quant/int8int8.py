@@ -320,13 +320,16 @@ def _gemm(n_rows: int, in_features: int, form: str) -> tirx.PrimFunc:
         m = T.int64()
         x = T.match_buffer(x_h, (m, in_features), "float32")
         y = T.match_buffer(y_h, (m, n_rows), "float32")
-        xq = T.alloc_buffer((m, in_features), "uint8")  # x + 128
-        xs = T.alloc_buffer((m,), "float32")
         if m == 1:
-            quantize(x, xq, xs, 0)  # serial: one token is not worth a parallel launch
+            # static scratch: on the stack where small, not a workspace alloc per call
+            xq1 = T.alloc_buffer((1, in_features), "uint8")
+            xs1 = T.alloc_buffer((1,), "float32")
+            quantize(x, xq1, xs1, 0)  # serial: one token is not worth a parallel launch
             for b in T.parallel(blocks):
-                tile(w, wsum, scale, y, xq, xs, m, b, T.int64(0), 1, 1, DECODE_K_UNROLL)
+                tile(w, wsum, scale, y, xq1, xs1, m, b, T.int64(0), 1, 1, DECODE_K_UNROLL)
         else:
+            xq = T.alloc_buffer((m, in_features), "uint8")  # x + 128
+            xs = T.alloc_buffer((m,), "float32")
             for t in T.parallel(m):
                 quantize(x, xq, xs, t)
             for task in T.parallel(panel_tasks):
