@@ -7,9 +7,9 @@ they run. Scores are in log2 units (scaled by log2(e)) and `lse` is log2-based, 
 kernels leave them for the cache's merge kernel.
 
 Decode (one query per sequence): one parallel task per (sequence, q head), keys in blocks of
-KEY_BLOCK with an online softmax (the output rescaled once per block), dot products and the
-weighted sum of values as vectors over head_dim. Against the stock kernels: Qwen-0.5B decode 22 ->
-31-35 tok/s, most of it here.
+KEY_BLOCK with an online softmax (the output rescaled once per block), the block's dot products
+reduced together and its weights computed as one vector (see `_attend`). Against the stock
+kernels: Qwen-0.5B decode 22 -> 31-35 tok/s, most of it here.
 
 Prefill (ragged: the chunk attending to itself; paged: the chunk attending to the history, and its
 sliding-window variant) ran the same way, one task per (query, q head), and was bound by loading
@@ -82,9 +82,13 @@ def _attend(d: int, key_row, value_offset: int, paged_blocks: bool):
     3. softmax weights with the vector exp2 polynomial (T.exp2 is a libm call per lane), a masked
        key's weight exactly 0;
     4. output += weight x value row, d / vl independent accumulators.
-    Against one key at a time (a horizontal sum and a libm exp2f per key and head), 2 threads, one
-    layer: SmolLM2 shape (9 q / 3 kv heads, d 64) 512 keys 76 -> 21 us, Qwen2.5-0.5B (14 / 2) 109
-    -> 29 us, Gemma-3 (4 / 1, d 256) 80 -> 33 us."""
+    Against one key at a time (a horizontal sum and a libm exp2f per key and head, and local
+    scalars, see tests/test_kernel_locals.py), 2 threads, one layer, min of interleaved runs:
+    SmolLM2 shape (9 q / 3 kv heads, d 64) 64 keys 13.0 -> 4.5 us, 512 keys 53.5 -> 26.4 us;
+    Qwen2.5-0.5B (14 / 2) 12.4 -> 5.0 and 95.7 -> 43.9 us; Gemma-3 (4 / 1, d 256) 11.3 -> 10.4 and
+    63.6 -> 55.7 us. Also tried: a task per (kv head, key range) with the group's heads sharing each
+    block and a merge pass (flash-decoding). It gained 20-30% at 2048 keys with d 64, but lost at
+    64 keys (fewer tasks than threads to share) and at d 256 everywhere, so it is not kept."""
     vl = _lanes(d)
     chunks = d // vl
     KB = KEY_BLOCK
