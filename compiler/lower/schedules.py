@@ -30,6 +30,14 @@ def _has_root(sch: s_tir.Schedule) -> bool:
     return True
 
 
+def _root_schedule(func) -> s_tir.Schedule | None:
+    """A schedule of a PrimFunc with a root block (what the generic rules work on), else None."""
+    if not isinstance(func, tirx.PrimFunc):
+        return None
+    sch = s_tir.Schedule(func)
+    return sch if _has_root(sch) else None
+
+
 def _is_reduction(sch: s_tir.Schedule, block) -> bool:
     return any(iv.iter_type == tirx.IterVar.CommReduce for iv in sch.get(block).iter_vars)
 
@@ -103,29 +111,27 @@ class SmallSerial(dlight.ScheduleRule):
     waking the thread pool and waiting for its slowest thread."""
 
     def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool):
-        if not isinstance(func, tirx.PrimFunc):
+        sch = _root_schedule(func)
+        if sch is None or any(_static_extent(sch, b) > SERIAL_MAX for b in _blocks(sch)):
             return None
-        sch = s_tir.Schedule(func)
-        if not _has_root(sch):
-            return None
-        for block in _blocks(sch):
-            extent = 1
-            for loop in sch.get_loops(block):
-                n = sch.get(loop).extent
-                if not isinstance(n, tirx.IntImm):
-                    return None
-                extent *= int(n)
-            if extent > SERIAL_MAX:
-                return None
         return sch
+
+
+def _static_extent(sch: s_tir.Schedule, block) -> float:
+    """Iterations of a block's loop nest; infinite when any loop's extent is symbolic."""
+    extent = 1
+    for loop in sch.get_loops(block):
+        n = sch.get(loop).extent
+        if not isinstance(n, tirx.IntImm):
+            return float("inf")
+        extent *= int(n)
+    return extent
 
 
 class ParallelFallback(dlight.ScheduleRule):
     def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool):
-        if not isinstance(func, tirx.PrimFunc):
-            return None
-        sch = s_tir.Schedule(func)
-        if not _has_root(sch):
+        sch = _root_schedule(func)
+        if sch is None:
             return None
         for block in _blocks(sch):
             _parallel_outer(sch, block)
