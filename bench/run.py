@@ -6,7 +6,8 @@
 Builds any missing bundle (and llama.cpp, AMX off, see bench/llama_cpp.py) first. Each engine runs
 in its own process with the same thread count. Prints tok/s for decode (tg) and prefill (pp), our
 ratio to llama-bench, bytes read per decoded token, the fraction of the machine's measured read
-bandwidth that reaches, RSS after load against the bundle size, and cold start to first token.
+bandwidth that reaches (measured again each round, beside the runs), RSS after load against the bundle
+size, and cold start to first token.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def median(xs: list[float]) -> float:
 def table(rows: list[Row]) -> str:
     head = (
         f"{'model':20} {'quant':8} {'tg ours':>8} {'tg l.cpp':>8} {'ratio':>6} {'pp ours':>8} "
-        f"{'pp l.cpp':>8} {'ratio':>6} {'MB/tok':>7} {'GB/s':>5} {'roof':>5} {'l.cpp':>5} "
+        f"{'pp l.cpp':>8} {'ratio':>6} {'MB/tok':>7} {'GB/s':>5} {'of':>5} {'roof':>5} {'l.cpp':>5} "
         f"{'RSS MB':>7} {'bundle':>7} {'cold s':>6}"
     )
     lines = [head, "-" * len(head)]
@@ -84,7 +85,8 @@ def table(rows: list[Row]) -> str:
         lines.append(
             f"{r.model:20} {r.quant:8} {r.ours_tg:8.1f} {r.peer_tg:8.1f} {r.tg_ratio:5.2f}x "
             f"{r.ours_pp:8.1f} {r.peer_pp:8.1f} {r.pp_ratio:5.2f}x {r.ours_mb_per_token:7.0f} "
-            f"{r.ours_mb_per_token * r.ours_tg / 1e3:5.1f} {r.ours_roofline:5.0%} {r.peer_roofline:5.0%} "
+            f"{r.ours_mb_per_token * r.ours_tg / 1e3:5.1f} {r.bandwidth_gbs:5.1f} {r.ours_roofline:5.0%} "
+            f"{r.peer_roofline:5.0%} "
             f"{r.rss_after_load_mb:7.0f} {r.bundle_mb:7.0f} {r.cold_first_token_s:6.2f}"
         )
     return "\n".join(lines)
@@ -203,20 +205,22 @@ def main(argv: list[str] | None = None) -> int:
     from goinfer.compiler.sources import zoo
 
     peer_bin = llama_cpp.build() / "llama-bench"
-    bandwidth = _bandwidth(a.threads)
-    _log(f"read bandwidth {bandwidth:.1f} GB/s with {a.threads} threads")
     rows = []
     for name in models:
         gguf = zoo.resolve(name)
         peer_mb = _gguf_weight_mb(gguf)
         for quant in quants:
             bundle = _ensure_bundle(gguf, quant)
-            ours, peer = [], []
+            ours, peer, bandwidth = [], [], []
             for i in range(a.rounds):  # A/B/A/B: drift in the machine hits both sides alike
                 _log(f"{name} {quant} round {i + 1}/{a.rounds}: ours")
                 ours.append(_ours(bundle, a.pp, a.tg, a.threads))
                 _log(f"{name} {quant} round {i + 1}/{a.rounds}: llama.cpp")
                 peer.append(_peer(peer_bin, gguf, a.pp, a.tg, a.threads))
+                # Measured every round, beside the runs: on a shared host it moved 19-35 GB/s
+                # within an hour, which would swing a roofline fraction measured once by half.
+                bandwidth.append(_bandwidth(a.threads))
+                _log(f"read bandwidth {bandwidth[-1]:.1f} GB/s with {a.threads} threads")
             rows.append(
                 Row(
                     name,
@@ -227,14 +231,15 @@ def main(argv: list[str] | None = None) -> int:
                     median([p["pp_tok_s"] for p in peer]),
                     _bundle_weight_mb(bundle),
                     peer_mb,
-                    bandwidth,
+                    median(bandwidth),
                     median([o["rss_after_load_mb"] for o in ours]),
                     bundle.stat().st_size / 2**20,
                     median([o["cold_first_token_s"] for o in ours]),
                 )
             )
     print(
-        f"read bandwidth {bandwidth:.1f} GB/s ({a.threads} threads); tg{a.tg}, pp{a.pp}, median of {a.rounds}"
+        f"{a.threads} threads; tg{a.tg}, pp{a.pp}, median of {a.rounds} rounds; GB/s: what our decode"
+        " reads, of the machine's read bandwidth (measured each round)"
     )
     print(table(rows))
     if a.json:
@@ -255,7 +260,6 @@ def main(argv: list[str] | None = None) -> int:
                     "tg": a.tg,
                     "pp": a.pp,
                     "rounds": a.rounds,
-                    "bandwidth_gbs": bandwidth,
                     "rows": [
                         {
                             **asdict(r),

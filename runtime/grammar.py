@@ -20,14 +20,23 @@ import functools
 import json
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import llguidance
 import numpy as np
+
+if TYPE_CHECKING:
+    import llguidance
 
 # Compact, fixed separators: with free whitespace a small model can pad a reply with newlines
 # until max_tokens runs out.
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+def _llg():
+    """llguidance, imported on first use: ~50 ms that a cold start without a grammar skips."""
+    import llguidance
+
+    return llguidance
 
 
 class GrammarError(ValueError):
@@ -41,7 +50,7 @@ def compile_json_schema(schema: dict[str, Any] | bool) -> str:
     if not isinstance(schema, dict):
         raise GrammarError("the schema must be a JSON object")
     try:
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(closed(schema), defaults=JSON_OPTIONS)
+        grammar = _llg().LLMatcher.grammar_from_json_schema(closed(schema), defaults=JSON_OPTIONS)
     except ValueError as e:
         raise GrammarError(str(e)) from None
     return _validated(grammar)
@@ -73,7 +82,7 @@ def closed(schema: Any, inside_all_of: bool = False) -> Any:
 
 
 def compile_lark(lark: str) -> str:
-    return _validated(llguidance.LLMatcher.grammar_from_lark(lark))
+    return _validated(_llg().LLMatcher.grammar_from_lark(lark))
 
 
 def lark_literal(text: str, tok: llguidance.LLTokenizer | None = None) -> str:
@@ -105,7 +114,7 @@ def json_in_lark(schema: dict[str, Any]) -> str:
 
 @functools.lru_cache(maxsize=256)
 def _validated(grammar: str) -> str:
-    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+    is_error, messages = _llg().LLMatcher.validate_grammar_with_warnings(grammar)
     if is_error:
         raise GrammarError(_first_line(messages[0]))
     return grammar
@@ -139,7 +148,7 @@ class GrammarTokenizer:
     def _build(self) -> None:
         try:
             text, n, stops = self._args
-            self._tok = llguidance.LLTokenizer(text, n_vocab=n, eos_token=stops)
+            self._tok = _llg().LLTokenizer(text, n_vocab=n, eos_token=stops)
         except Exception as e:  # surfaced to the first request that needs it
             self._error = e
         finally:
@@ -158,7 +167,7 @@ class GrammarTokenizer:
         with self._lock:
             base = self._matchers.get(grammar)
             if base is None:
-                base = llguidance.LLMatcher(tok, grammar, log_level=0)
+                base = _llg().LLMatcher(tok, grammar, log_level=0)
                 if base.is_error():
                     raise GrammarError(_first_line(base.get_error()))
                 if len(self._matchers) >= 64:

@@ -15,6 +15,7 @@ _PROBE = textwrap.dedent(
     from goinfer.runtime import tvm_runtime as rt
     print(json.dumps({
         "modules": sorted(m for m in sys.modules if m == "tvm" or m.startswith(("tvm.", "goinfer."))),
+        "lazy": sorted(m for m in ("jinja2", "llguidance") if m in sys.modules),
         "vm_builtin": rt._reshape is not None,
     }))
     """
@@ -28,6 +29,8 @@ def test_runtime_loads_neither_the_tvm_package_nor_the_compiler() -> None:
     assert got["vm_builtin"]
     assert not [m for m in got["modules"] if m == "tvm" or m.startswith("tvm.")], got["modules"]
     assert not [m for m in got["modules"] if m.startswith("goinfer.compiler")], got["modules"]
+    # chat templates and grammars load on first use: ~100 ms a raw-text cold start does not pay
+    assert got["lazy"] == [], got["lazy"]
 
 
 _MISS_PROBE = textwrap.dedent(
