@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import tvm
-from goinfer.compiler.lower import attention, gated
+from goinfer.compiler.lower import attention, gated, kv_append
 from goinfer.compiler.quant import int4, int8int8
 
 
@@ -42,6 +42,8 @@ KERNELS = {
     "prefill_paged": lambda: attention.prefill_paged(2, 6, 32, sliding=False, window=0),
     "prefill_sliding": lambda: attention.prefill_paged(2, 6, 32, sliding=True, window=64),
     "gated_silu": lambda: gated.kernel(96, "silu"),
+    "kv_append": lambda: kv_append.transpose_append(2, 32),
+    "kv_split": lambda: kv_append.split_qkv(6, 2, 32),
     **{f"int4_{f}": (lambda f=f: int4.kernel_variant(64, 128, f)) for f in int4.FORMS},
     **{f"int8int8_{f}": (lambda f=f: int8int8.kernel_variant(64, 128, f)) for f in int8int8.FORMS},
 }

@@ -42,6 +42,7 @@ Only RopeMode.NONE is supported (the models apply RoPE themselves): `rotary_mode
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import tvm
 from tvm import tirx
@@ -593,6 +594,11 @@ def use_ours(mod: tvm.IRModule, h_kv: int, h_q: int, d: int, window: int) -> tvm
         DECODE: lambda: decode_paged(h_kv, h_q, d, sliding=False),
         DECODE_SLIDING: lambda: decode_paged(h_kv, h_q, d, sliding=True),
     }
+    return swap_stock(mod, mine)
+
+
+def swap_stock(mod: tvm.IRModule, mine: dict[str, Callable[[], tirx.PrimFunc]]) -> tvm.IRModule:
+    """Each PrimFunc named in `mine` replaced by what its maker builds, under the stock name."""
     names = {gv.name_hint: gv for gv in mod.get_global_vars()}
     missing = [name for name in mine if name not in names]
     if missing:  # a TVM upgrade renamed them: fail the build rather than run the slow ones

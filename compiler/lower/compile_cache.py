@@ -19,7 +19,7 @@ from typing import Any
 from ..fingerprint import code_fingerprint
 from ..sources.base import SourceTensor
 from ..spec import ModelSpec
-from . import attention, schedules, tvm_api
+from . import attention, kv_append, schedules, tvm_api
 
 
 @dataclass(frozen=True)
@@ -92,5 +92,6 @@ def _exported(model) -> tuple:
         mod = attention.use_ours(
             mod, spec.num_kv_heads, spec.num_heads, spec.head_dim, tvm_api.kv_window(spec)
         )
+        mod = kv_append.use_ours(mod, spec.num_kv_heads, spec.num_heads, spec.head_dim)
         model._goinfer_exported = mod, params
     return model._goinfer_exported

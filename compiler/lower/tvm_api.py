@@ -117,6 +117,10 @@ def compile_module(mod: tvm.IRModule, target: Target, schedule_rules: list[dligh
             relax.backend.DispatchSampling(),
             relax.backend.DispatchSortScan(),
             relax.transform.LegalizeOps(),
+            # Reshapes become views before fusion: fused, a chain of them (a linear's 2-D view of
+            # a 3-D activation and back) was a copy kernel with a temporary, 3 a decode layer.
+            relax.transform.RewriteDataflowReshape(),
+            relax.transform.RemoveRedundantReshape(),  # a chain of views: one view
             relax.transform.AnnotateTIROpPattern(),
             relax.transform.FoldConstant(),
             relax.transform.FuseOps(),

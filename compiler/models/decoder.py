@@ -16,7 +16,7 @@ from tvm.relax.frontend.nn import Tensor, op
 from ..lower import tvm_api
 from ..sources.base import SourceTensor
 from ..spec import ModelSpec
-from .layers import Bias, QLinear, RMSNorm, SchemePicker, rope
+from .layers import Bias, QLinear, RMSNorm, RopeTables, SchemePicker, rope, rope_tables
 
 
 class Attention(nn.Module):
@@ -38,7 +38,7 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(d, spec.norm_eps, f"blk.{layer}.attn_q_norm.weight", off)
             self.k_norm = RMSNorm(d, spec.norm_eps, f"blk.{layer}.attn_k_norm.weight", off)
 
-    def forward(self, x: Tensor, positions: Tensor, kv: tvm_api.PagedKVCache) -> Tensor:
+    def forward(self, x: Tensor, rope_by_theta: RopeTables, kv: tvm_api.PagedKVCache) -> Tensor:
         s = self.spec
         h, hkv, d = s.num_heads, s.num_kv_heads, s.head_dim
         b, t, _ = x.shape
@@ -49,7 +49,7 @@ class Attention(nn.Module):
         if s.qk_norm:
             q, k, v = op.split(qkv, [h, h + hkv], axis=2)
             qkv = op.concat([self.q_norm(q), self.k_norm(k), v], dim=2)
-        qkv = rope(qkv, positions, h + hkv, s.layer_rope_theta(self.layer), _linear_factor(s))
+        qkv = rope(qkv, rope_by_theta[s.layer_rope_theta(self.layer)], h + hkv)
         o = kv.attention_with_fused_qkv(self.layer, qkv, h, sm_scale=s.softmax_scale)
         return self.o(op.reshape(o, (b, t, h * d)))
 
@@ -94,9 +94,11 @@ class CausalLM(nn.Module):
 
     def _body(self, x: Tensor, kv: tvm_api.PagedKVCache) -> Tensor:
         b, t, _ = x.shape
-        positions = kv.get_query_positions(b * t)
+        s = self.spec
+        thetas = {s.layer_rope_theta(i) for i in range(s.num_layers)}
+        tables = rope_tables(kv.get_query_positions(b * t), thetas, s.head_dim, _linear_factor(s))
         for layer in self.layers:
-            x = layer(x, positions, kv)
+            x = layer(x, tables, kv)
         return self.norm(x)
 
     def prefill(self, input_embed: Tensor, kv: tvm_api.PagedKVCache):

@@ -17,7 +17,7 @@ from tvm.relax.frontend.nn import Tensor
 from ..sources.base import SourceTensor
 from ..spec import ModelSpec
 from .decoder import Attention
-from .layers import GatedMLP, RMSNorm, SchemePicker
+from .layers import GatedMLP, RMSNorm, RopeTables, SchemePicker
 
 
 class Gemma3Layer(nn.Module):
@@ -31,8 +31,8 @@ class Gemma3Layer(nn.Module):
         self.mlp = GatedMLP(spec, layer, pick, tensors)
         self.post_ffw_norm = RMSNorm(d, eps, f"blk.{layer}.post_ffw_norm.weight", off)
 
-    def forward(self, x: Tensor, positions: Tensor, kv) -> Tensor:
-        h = x + self.post_attn_norm(self.attn(self.attn_norm(x), positions, kv))
+    def forward(self, x: Tensor, rope_by_theta: RopeTables, kv) -> Tensor:
+        h = x + self.post_attn_norm(self.attn(self.attn_norm(x), rope_by_theta, kv))
         return h + self.post_ffw_norm(self.mlp(self.ffn_norm(h)))
 
 

@@ -147,31 +147,44 @@ class GatedMLP(nn.Module):
         return self.down(op.reshape(a, (*lead, self.inter)))
 
 
-def rope(
-    qkv: Tensor, positions: Tensor, rotated_heads: int, theta: float, linear_factor: float = 1.0
-) -> Tensor:
-    """Half-split (NeoX) rotary embedding on the first `rotated_heads` heads of a fused qkv.
+RopeTables = dict[float, tuple[Tensor, Tensor]]  # theta -> (cos, sin), each (tokens, head_dim / 2)
 
-    qkv: (b, s, heads, d); positions: (b*s,) int32, each token's index in its sequence.
+
+def rope_tables(positions: Tensor, thetas: set[float], d: int, linear_factor: float = 1.0) -> RopeTables:
+    """cos and sin per (token, frequency) for each theta, computed once a forward pass and shared by
+    every layer with that theta (per layer, they were computed 30 times a SmolLM2 decode step).
+
+    positions: (b*s,) int32, each token's index in its sequence.
     """
-
-    d = qkv.shape[-1]
     half = d // 2
 
-    # cos and sin once per (token, frequency), not per (token, head, dim): the libm calls are
-    # scalar, and this is heads*2 times fewer of them (Qwen, 512-token prefill: 9 -> 1.3 ms a layer)
-    def angles(pos: te.Tensor, fn) -> te.Tensor:
+    # Per (token, frequency), not per (token, head, dim): the libm calls are scalar, and this is
+    # heads*2 times fewer of them (Qwen, 512-token prefill: 9 -> 1.3 ms a layer).
+    def angles(pos: te.Tensor, theta: float, fn) -> te.Tensor:
         def f(t, j):
             freq = tirx.exp(j.astype("float32") * tirx.const(-2.0 * math.log(theta) / int(d), "float32"))
             return fn(pos[t].astype("float32") / tirx.const(linear_factor, "float32") * freq)
 
         return te.compute((pos.shape[0], half), f, name="rope_angle")
 
-    cos = op.tensor_expr_op(lambda pos: angles(pos, tirx.cos), "rope_cos", [positions])
-    sin = op.tensor_expr_op(lambda pos: angles(pos, tirx.sin), "rope_sin", [positions])
+    return {
+        theta: (
+            op.tensor_expr_op(lambda pos, th=theta: angles(pos, th, tirx.cos), "rope_cos", [positions]),
+            op.tensor_expr_op(lambda pos, th=theta: angles(pos, th, tirx.sin), "rope_sin", [positions]),
+        )
+        for theta in sorted(thetas)
+    }
+
+
+def rope(qkv: Tensor, table: tuple[Tensor, Tensor], rotated_heads: int) -> Tensor:
+    """Half-split (NeoX) rotary embedding on the first `rotated_heads` heads of a fused qkv.
+
+    qkv: (b, s, heads, d); table: this layer's (cos, sin) from `rope_tables`.
+    """
+    half = qkv.shape[-1] // 2
 
     def compute(x: te.Tensor, cos: te.Tensor, sin: te.Tensor) -> te.Tensor:
-        b, s, h, _ = x.shape
+        b, s, h, d = x.shape
 
         def f(bi, si, hi, di):
             t, j = bi * s + si, tirx.if_then_else(di < half, di, di - half)
@@ -181,4 +194,4 @@ def rope(
 
         return te.compute((b, s, h, d), f, name="rope")
 
-    return op.tensor_expr_op(compute, "rope", [qkv, cos, sin])
+    return op.tensor_expr_op(compute, "rope", [qkv, *table])

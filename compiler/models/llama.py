@@ -14,7 +14,7 @@ from tvm.relax.frontend.nn import Tensor
 from ..sources.base import SourceTensor
 from ..spec import ModelSpec
 from .decoder import Attention
-from .layers import GatedMLP, RMSNorm, SchemePicker
+from .layers import GatedMLP, RMSNorm, RopeTables, SchemePicker
 
 
 class LlamaLayer(nn.Module):
@@ -25,8 +25,8 @@ class LlamaLayer(nn.Module):
         self.ffn_norm = RMSNorm(spec.hidden_size, spec.norm_eps, f"blk.{layer}.ffn_norm.weight")
         self.mlp = GatedMLP(spec, layer, pick, tensors)
 
-    def forward(self, x: Tensor, positions: Tensor, kv) -> Tensor:
-        h = x + self.attn(self.attn_norm(x), positions, kv)
+    def forward(self, x: Tensor, rope_by_theta: RopeTables, kv) -> Tensor:
+        h = x + self.attn(self.attn_norm(x), rope_by_theta, kv)
         return h + self.mlp(self.ffn_norm(h))
 
 
