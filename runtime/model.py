@@ -40,7 +40,7 @@ def _release_freed_heap() -> None:
 
 
 class Model:
-    def __init__(self, bundle: giw.Bundle, vm, params: list, tokenizer: Tokenizer, load_seconds: float):
+    def __init__(self, bundle: giw.Bundle, vm, params, tokenizer: Tokenizer, load_seconds: float):
         self.bundle, self.vm, self.params, self.tokenizer = bundle, vm, params, tokenizer
         m = bundle.manifest
         self.manifest: dict[str, Any] = m
@@ -76,7 +76,7 @@ class Model:
         t0 = time.perf_counter()
         bundle = giw.open_bundle(path, verify=verify, private=True)
         vm, tier, result = cls._load_kernels(bundle, path, cache_dir, self_test)
-        params = [rt.wrap(bundle.tensor(name)) for name in bundle.manifest["params"]]
+        params = rt.tensor_list([rt.wrap(bundle.tensor(name)) for name in bundle.manifest["params"]])
         # The slowest step of a load (~0.5 s for Qwen's 151k-token vocabulary). It holds the GIL
         # throughout, so a thread beside the kernel load gains nothing (measured).
         tokenizer = Tokenizer.from_str(bundle.manifest["tokenizer"])
