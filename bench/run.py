@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
                 ours.append(_ours(bundle, a.pp, a.tg, a.threads))
                 _log(f"{name} {quant} round {i + 1}/{a.rounds}: llama.cpp")
                 peer.append(_peer(peer_bin, gguf, a.pp, a.tg, a.threads))
-                # Measured every round, beside the runs: on a shared host it moved 19-35 GB/s
+                # Measured every round, beside the runs: on a shared host it moved 19-38 GB/s
                 # within an hour, which would swing a roofline fraction measured once by half.
                 bandwidth.append(_bandwidth(a.threads))
                 _log(f"read bandwidth {bandwidth[-1]:.1f} GB/s with {a.threads} threads")
