@@ -11,6 +11,8 @@ import pytest
 import tvm
 from goinfer.compiler.lower import tvm_api
 from goinfer.compiler.quant import int4
+from goinfer.compiler.quant.lanes import prefetch_ahead
+from tvm.sym.analyzer import Analyzer
 
 TOLERANCE = 1e-5  # max |got - want| / max |want|, as the startup self-test holds them to
 
@@ -105,6 +107,23 @@ def test_avx2_int16_pair_sums_do_not_overflow():
         lib["main"](tvm.runtime.tensor(x), *map(tvm.runtime.tensor, packed.values()), y)
         want = int4.reference(x, packed["weight"], packed["scale"], n)
         np.testing.assert_allclose(y.numpy(), want, rtol=1e-6)
+
+
+def test_prefetch_runs_into_the_threads_next_task():
+    """Near a row block's end the line ahead is the same block of the thread's next task, not the
+    task's own next block (which is already being read)."""
+    blocks, words, ahead = 8, 20, 4
+    w = tvm.tirx.decl_buffer((blocks, words, 16), "uint32", name="w")
+
+    def flat_word(block: int, word: int, task_blocks: int) -> int:
+        load = prefetch_ahead(w, block, word, ahead, words, task_blocks).args[1].args[0]
+        b, j, _ = (int(Analyzer().simplify(i)) for i in load.indices)
+        return b * words + j
+
+    assert flat_word(2, 3, 2) == 2 * words + 7  # mid-block: 4 words further along the same block
+    assert flat_word(2, 18, 2) == 4 * words + 2  # task (2, 3): block 2 runs into block 4
+    assert flat_word(3, 18, 2) == 5 * words + 2  # and block 3 into block 5
+    assert flat_word(2, 18, 1) == 3 * words + 2  # one block a task: the next block is the next task
 
 
 @pytest.mark.parametrize(("n", "k"), [(37, 640), (50, 4864), (16, 64), (5, 32)])
