@@ -7,6 +7,8 @@ from collections.abc import Callable
 
 from tvm import te, tirx
 
+from ..lower import tvm_api
+
 LANES = 8  # one int4 word holds 8 nibbles; f32/int8 use the same split so one schedule fits all
 
 
@@ -21,16 +23,15 @@ def lane_matmul(x: te.Tensor, out_features, product: Callable, dtype: str = "flo
 
 
 def prefetch_ahead(w, block, word, ahead: int, words: int, task_blocks: int) -> tirx.PrimExpr:
-    """Prefetch (for read, into all cache levels) w[block, word + ahead, 0], w being a kernel's
-    (blocks, words, 16) row-block weights read along `words`.
+    """Prefetch w[block, word + ahead, 0], w being a kernel's (blocks, words, 16) row-block weights
+    read along `words`.
 
     Near a block's end, the line ahead falls in the next block. A task reads `task_blocks`
     consecutive blocks side by side and a thread's next task the `task_blocks` after them, so
     skip to the same block of that next task; otherwise the first lines of each task but one go
-    unprefetched. With 4.6-5 KB blocks (K = 576, 640) that was a fifth of the weights: decode
-    GEMVs 3-10% faster on every model's shapes (SmolLM2, Gemma-3, Qwen-0.5B; A/B in one process).
+    unprefetched. With 4.6-5 KB blocks (K = 576, 640) that was a fifth of the weights: int4 decode
+    GEMVs at two blocks a task 3-10% faster on every model's shapes (SmolLM2, Gemma-3, Qwen-0.5B;
+    A/B in one process).
     """
     skip = tirx.if_then_else(word + ahead >= words, task_blocks - 1, 0) if task_blocks > 1 else 0
-    return tirx.call_llvm_intrin(
-        "void", "llvm.prefetch.p0", tirx.address_of(w[block + skip, word + ahead, 0]), 0, 3, 1
-    )
+    return tvm_api.prefetch_read(tirx.address_of(w[block + skip, word + ahead, 0]))
