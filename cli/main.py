@@ -281,7 +281,8 @@ def inspect(bundle: str, as_json: bool, verify: bool) -> None:
         with giw.open_bundle(bundle, verify="full" if verify else "none") as b:
             if as_json:
                 manifest = dict(b.manifest)
-                manifest["tokenizer"] = f"<{len(manifest.get('tokenizer', ''))} bytes of tokenizers JSON>"
+                if "tokenizer" in manifest:  # bundles that kept it as a string: too long to print
+                    manifest["tokenizer"] = f"<{len(manifest['tokenizer'])} bytes of tokenizers JSON>"
                 click.echo(json.dumps(manifest, indent=2, sort_keys=True))
             else:
                 click.echo(giw.describe(b))

@@ -39,8 +39,25 @@ def _release_freed_heap() -> None:
             ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
+def tokenizer_json(bundle: giw.Bundle) -> str:
+    """The bundle's tokenizers JSON: a byte tensor the manifest names, or (bundles built before
+    it moved out of the manifest) a manifest string."""
+    m = bundle.manifest
+    if "tokenizer_tensor" not in m:
+        return m["tokenizer"]
+    name = m["tokenizer_tensor"]
+    if name not in bundle.tensor_names():
+        raise giw.BundleError(f"bundle {bundle.path}: no tokenizer tensor {name!r}, which its manifest names")
+    try:
+        return bundle.tensor(name).tobytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise giw.BundleError(f"bundle {bundle.path}: tokenizer tensor {name!r} is not UTF-8 ({e})") from None
+
+
 class Model:
-    def __init__(self, bundle: giw.Bundle, vm, params, tokenizer: Tokenizer, load_seconds: float):
+    def __init__(
+        self, bundle: giw.Bundle, vm, params, tokenizer: Tokenizer, tokenizer_text: str, load_seconds: float
+    ):
         self.bundle, self.vm, self.params, self.tokenizer = bundle, vm, params, tokenizer
         m = bundle.manifest
         self.manifest: dict[str, Any] = m
@@ -60,7 +77,7 @@ class Model:
         self._kv = None
         self._kv_len = 0  # tokens of sequence 0 held in the cache
         # llguidance's view of the tokenizer, for constrained decoding; built when first started.
-        self.grammar = GrammarTokenizer(m["tokenizer"], int(self.spec["vocab_size"]), self.stop_ids)
+        self.grammar = GrammarTokenizer(tokenizer_text, int(self.spec["vocab_size"]), self.stop_ids)
 
     # -- loading -------------------------------------------------------------------------
     @classmethod
@@ -79,9 +96,10 @@ class Model:
         params = rt.tensor_list([rt.wrap(bundle.tensor(name)) for name in bundle.manifest["params"]])
         # The slowest step of a load (~0.5 s for Qwen's 151k-token vocabulary). It holds the GIL
         # throughout, so a thread beside the kernel load gains nothing (measured).
-        tokenizer = Tokenizer.from_str(bundle.manifest["tokenizer"])
+        text = tokenizer_json(bundle)
+        tokenizer = Tokenizer.from_str(text)
         _release_freed_heap()
-        model = cls(bundle, vm, params, tokenizer, time.perf_counter() - t0)
+        model = cls(bundle, vm, params, tokenizer, text, time.perf_counter() - t0)
         model.tier, model.self_test = tier.get("tier"), result
         return model
 

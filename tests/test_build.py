@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+import pytest
 from goinfer.compiler.build import BuildOptions, build
 
 
@@ -30,8 +32,10 @@ def test_manifest_records_source_and_flags(tiny_bundle, tiny_gguf) -> None:
         assert m["build"]["quant"] == "int8int8" and m["build"]["target_config"]["kind"] == "llvm"
         assert "-amx-tile" in m["build"]["target_config"]["mattr"]
         assert m["tvm_version"] and m["goinfer_version"]
-        # every other tensor is a self-test fixture, never a weight
-        assert set(m["params"]) == {n for n in b.tensor_names() if not n.startswith("selftest.")}
+        # every other tensor is a self-test fixture or the tokenizer, never a weight
+        assert m["tokenizer_tensor"] == "tokenizer.json" and "tokenizer" not in m
+        others = {n for n in b.tensor_names() if n.startswith("selftest.") or n == m["tokenizer_tensor"]}
+        assert set(m["params"]) == set(b.tensor_names()) - others
 
 
 def test_int4mix_keeps_the_source_precision_mix(tiny_bundle) -> None:
@@ -55,3 +59,28 @@ def test_weights_are_mapped_zero_copy(tiny_bundle) -> None:
     for name, t in zip(m.manifest["params"], m.params, strict=True):
         info = m.bundle.tensor_info(name)
         assert rt.data_pointer(t) == base + info.file_offset, name
+
+
+def test_tokenizer_json_reads_the_byte_tensor_and_refuses_a_bad_one(tmp_path) -> None:
+    from goinfer.artifacts import giw
+    from goinfer.runtime.model import tokenizer_json
+
+    text = '{"model": {"type": "BPE", "vocab": {"é": 0, "漢": 1}}}'
+
+    def bundle(manifest: dict, tensors: list) -> giw.Bundle:
+        path = tmp_path / f"b{len(list(tmp_path.iterdir()))}.giw"
+        giw.write_bundle(path, manifest, tensors)
+        return giw.open_bundle(path, verify="full")
+
+    as_bytes = np.frombuffer(text.encode("utf-8"), np.uint8)
+    with bundle({"tokenizer_tensor": "tokenizer.json"}, [("tokenizer.json", as_bytes)]) as b:
+        assert tokenizer_json(b) == text
+    with bundle({"tokenizer": text}, []) as b:  # built before the JSON moved out of the manifest
+        assert tokenizer_json(b) == text
+    missing = bundle({"tokenizer_tensor": "tokenizer.json"}, [])
+    with missing as b, pytest.raises(giw.BundleError, match=r"no tokenizer tensor 'tokenizer\.json'"):
+        tokenizer_json(b)
+    not_utf8 = np.frombuffer(b"\xff{}", np.uint8)
+    bad = bundle({"tokenizer_tensor": "tokenizer.json"}, [("tokenizer.json", not_utf8)])
+    with bad as b, pytest.raises(giw.BundleError, match="is not UTF-8"):
+        tokenizer_json(b)
