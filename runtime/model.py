@@ -44,6 +44,8 @@ def tokenizer_json(bundle: giw.Bundle) -> str:
     it moved out of the manifest) a manifest string."""
     m = bundle.manifest
     if "tokenizer_tensor" not in m:
+        if not isinstance(m.get("tokenizer"), str):
+            raise giw.BundleError(f"bundle {bundle.path} has no tokenizer")
         return m["tokenizer"]
     name = m["tokenizer_tensor"]
     if name not in bundle.tensor_names():

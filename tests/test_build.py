@@ -80,6 +80,8 @@ def test_tokenizer_json_reads_the_byte_tensor_and_refuses_a_bad_one(tmp_path) ->
     missing = bundle({"tokenizer_tensor": "tokenizer.json"}, [])
     with missing as b, pytest.raises(giw.BundleError, match=r"no tokenizer tensor 'tokenizer\.json'"):
         tokenizer_json(b)
+    with bundle({}, []) as b, pytest.raises(giw.BundleError, match="has no tokenizer"):
+        tokenizer_json(b)
     not_utf8 = np.frombuffer(b"\xff{}", np.uint8)
     bad = bundle({"tokenizer_tensor": "tokenizer.json"}, [("tokenizer.json", not_utf8)])
     with bad as b, pytest.raises(giw.BundleError, match="is not UTF-8"):
