@@ -51,7 +51,7 @@ def tokenizer_json(bundle: giw.Bundle) -> str:
     if name not in bundle.tensor_names():
         raise giw.BundleError(f"bundle {bundle.path}: no tokenizer tensor {name!r}, which its manifest names")
     try:
-        return bundle.tensor(name).tobytes().decode("utf-8")
+        return str(bundle.tensor(name).data, "utf-8")  # decoded straight from the mapping, no copy
     except UnicodeDecodeError as e:
         raise giw.BundleError(f"bundle {bundle.path}: tokenizer tensor {name!r} is not UTF-8 ({e})") from None
 
