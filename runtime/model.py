@@ -78,6 +78,17 @@ class Model:
         self.self_test: selftest.SelfTestResult | None = None
         self._kv = None
         self._kv_len = 0  # tokens of sequence 0 held in the cache
+        # Bundles built before the entry points took token ids have an `embed` entry, and their
+        # entry points hand back (logits, cache).
+        self._ids_in = m.get("forward_input") == "token_ids"
+        names = m.get("entry_points") or ["embed", "prefill", "prefill_all", "decode"]
+        try:
+            self._entry = {name: vm[name] for name in names if name != "create_kv_cache"}
+        except AttributeError as e:  # tvm_ffi's answer for a function the module lacks
+            raise giw.BundleError(f"bundle {bundle.path}: {e}") from None
+        # A decode step's input: one token id, written into the same tensor every step (a fresh
+        # aligned array a step cost ~80 us on the cold cache a step leaves behind, measured)
+        self._token, self._token_tensor = rt.scalar_int32()
         # llguidance's view of the tokenizer, for constrained decoding; built when first started.
         self.grammar = GrammarTokenizer(tokenizer_text, int(self.spec["vocab_size"]), self.stop_ids)
 
@@ -159,10 +170,17 @@ class Model:
         self._kv_len = 0
 
     def _forward(self, ids: list[int], fn: str) -> np.ndarray:
-        emb = self.vm["embed"](rt.int32_tensor(ids), self.params)
-        emb = rt.reshape(emb, (1, len(ids), self.hidden))
+        if len(ids) == 1:
+            self._token[0] = ids[0]
+            x = self._token_tensor
+        else:
+            x = rt.int32_tensor(ids)
         rt.begin_forward(self._kv, [0], [len(ids)])
-        logits, self._kv = self.vm[fn](emb, self._kv, self.params)
+        if self._ids_in:
+            logits = self._entry[fn](x, self._kv, self.params)
+        else:
+            emb = rt.reshape(self._entry["embed"](x, self.params), (1, len(ids), self.hidden))
+            logits, self._kv = self._entry[fn](emb, self._kv, self.params)
         rt.end_forward(self._kv)
         self._kv_len += len(ids)
         return rt.to_numpy(logits)[0]

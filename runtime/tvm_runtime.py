@@ -8,6 +8,7 @@ process (a build, the tests) imports tvm as usual; both then share the one loade
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from pathlib import Path
 
@@ -114,6 +115,13 @@ def int32_tensor(values):
     return tensor(values, np.int32)
 
 
+def scalar_int32() -> tuple[np.ndarray, object]:
+    """A one-element int32 array and a TVM tensor over the same memory: write the array, then
+    pass the tensor (no allocation a call)."""
+    array = _aligned_copy([0], np.int32)
+    return array, tvm_ffi.from_dlpack(array)
+
+
 def reshape(t, shape: tuple[int, ...]):
     return _reshape(t, Shape(list(shape)))
 
@@ -132,8 +140,13 @@ def remove_sequence(kv, seq_id: int) -> None:
     _remove_sequence(kv, seq_id)
 
 
+@functools.lru_cache(maxsize=256)
+def _shape(dims: tuple[int, ...]) -> Shape:
+    return Shape(list(dims))  # immutable: decode asks for the same two every step
+
+
 def begin_forward(kv, seq_ids: list[int], lengths: list[int]) -> None:
-    _begin_forward(kv, Shape(seq_ids), Shape(lengths))
+    _begin_forward(kv, _shape(tuple(seq_ids)), _shape(tuple(lengths)))
 
 
 def end_forward(kv) -> None:
