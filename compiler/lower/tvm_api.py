@@ -211,10 +211,11 @@ def vpdpbusd_512(acc, a, b):
     return tirx.call_llvm_pure_intrin("int32x16", "llvm.x86.avx512.vpdpbusd.512", acc, a, b)
 
 
-def prefetch_read(address):
-    """Software prefetch of the line at `address` for reading, into every cache level (the
-    intrinsic's name carries the pointer type since LLVM's opaque pointers)."""
-    return tirx.call_llvm_intrin("void", "llvm.prefetch.p0", address, 0, 3, 1)
+def prefetch_read(address, once: bool = False):
+    """Software prefetch of the line at `address` for reading, into every cache level, or with
+    `once` as non-temporal (prefetchnta: data read once, kept from displacing what stays cached).
+    The intrinsic's name carries the pointer type since LLVM's opaque pointers."""
+    return tirx.call_llvm_intrin("void", "llvm.prefetch.p0", address, 0, 0 if once else 3, 1)
 
 
 def compile_kernels(funcs: dict[str, tirx.PrimFunc], target: dict[str, Any], path: str) -> None:

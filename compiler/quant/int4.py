@@ -174,7 +174,7 @@ def kernel(out_features: int, in_features: int) -> tirx.PrimFunc:
        16 float16 scales, one vcvtph2ps, shared by every token of the tile).
     4. Accumulators are small buffers inside the parallel task, kept in registers; software
        prefetch PREFETCH_BYTES ahead along each row block, into the thread's next task near a
-       block's end (`lanes.prefetch_ahead`).
+       block's end, non-temporal in decode (`lanes.prefetch_ahead`).
     5. m >= 2: PANEL_TILE tokens x row blocks per register tile over tasks of a few blocks, so one
        weight load and unpack feeds every token of the tile.
     6. AVX2 without VNNI (Zen 3, Haswell): vpmaddubsw multiplies the u8 nibbles by the s8
@@ -296,8 +296,8 @@ def _gemm(n_rows: int, in_features: int, form: str) -> tirx.PrimFunc:
             xc[t, g] = T.int32(-ZERO) * hreduce(qs, lambda a, b: a + b, half)
 
     @T.macro
-    def tile(w, s, y, xq, xs, xc, m, b0, t0, tm, rb):
-        """Tokens t0 .. t0+tm-1 x row blocks b0 .. b0+rb-1."""
+    def tile(w, s, y, xq, xs, xc, m, b0, t0, tm, rb, once):
+        """Tokens t0 .. t0+tm-1 x row blocks b0 .. b0+rb-1 (`once`: each weight read once)."""
         total = T.alloc_buffer((tm, rb, lanes), "float32")
         acc = T.alloc_buffer((tm, rb, lanes), "int32")
         for t in T.unroll(tm):
@@ -315,7 +315,7 @@ def _gemm(n_rows: int, in_features: int, form: str) -> tirx.PrimFunc:
                         acc[t, r, vec(0)] = T.Broadcast(xc[tok(t0, t, m), g], lanes)
             for u in T.unroll(WORDS_PER_GROUP):
                 for r in T.unroll(rb):
-                    T.evaluate(prefetch_ahead(w, blk(b0, r), g * WORDS_PER_GROUP + u, ahead, words, rb))
+                    T.evaluate(prefetch_ahead(w, blk(b0, r), g * WORDS_PER_GROUP + u, ahead, words, rb, once))
                     for t in T.unroll(tm):
                         if form == "avx2":
                             for h in T.unroll(2):
@@ -374,7 +374,7 @@ def _gemm(n_rows: int, in_features: int, form: str) -> tirx.PrimFunc:
             xc1 = T.alloc_buffer((1, groups), "int32")
             quantize(x, xq1, xs1, xc1, 0)  # serial: one token is not worth a parallel launch
             for task in T.parallel((blocks + dec_rb - 1) // dec_rb):
-                tile(w, s, y, xq1, xs1, xc1, m, task * dec_rb, T.int64(0), dec_tm, dec_rb)
+                tile(w, s, y, xq1, xs1, xc1, m, task * dec_rb, T.int64(0), dec_tm, dec_rb, True)
         else:
             xq = T.alloc_buffer((m, in_features), "int8")
             xs = T.alloc_buffer((m, groups), "float32")
@@ -383,6 +383,6 @@ def _gemm(n_rows: int, in_features: int, form: str) -> tirx.PrimFunc:
                 quantize(x, xq, xs, xc, t)
             for task in T.parallel((blocks + rb - 1) // rb):
                 for tb in T.serial((m + tm - 1) // tm):
-                    tile(w, s, y, xq, xs, xc, m, task * rb, tb * tm, tm, rb)
+                    tile(w, s, y, xq, xs, xc, m, task * rb, tb * tm, tm, rb, False)
 
     return int4_gemm

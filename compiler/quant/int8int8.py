@@ -126,7 +126,7 @@ def kernel(out_features: int, in_features: int) -> tirx.PrimFunc:
        hide the vpdpbusd latency, and quantizes its one token serially (no parallel launch: a
        37x256 call went from 10 to 6 us).
     4. Software prefetch PREFETCH_BYTES ahead along each row block (one 64-byte line per step;
-       `lanes.prefetch_ahead`). 1 KB measured the same as 2 KB here.
+       `lanes.prefetch_ahead`), non-temporal in decode. 1 KB measured the same as 2 KB here.
     5. m >= 2: a PANEL_TILE register tile, 6 tokens x 2 row blocks, over tasks of 32 rows kept in
        L1/L2 across the token tiles; one weight load feeds 6 vpdpbusd. From m = 4 on it beat 4-token
        tiles over single blocks (896x4864, m = 6: 642 -> 403 us), so there is no middle path.
@@ -270,8 +270,9 @@ def _gemm(n_rows: int, in_features: int, form: str) -> tirx.PrimFunc:
             acc[t, r, u, vec(0)] = dot(acc[t, r, u, vec(0)], xq, tg, j, w[b, j, vec(0)])
 
     @T.macro
-    def tile(w, wsum, scale, y, xq, xs, m, b0, t0, tm, rb, ku):
-        """Tokens t0 .. t0+tm-1 x row blocks b0 .. b0+rb-1, k split over ku accumulators."""
+    def tile(w, wsum, scale, y, xq, xs, m, b0, t0, tm, rb, ku, once):
+        """Tokens t0 .. t0+tm-1 x row blocks b0 .. b0+rb-1, k split over ku accumulators (`once`:
+        each weight read once)."""
         acc = T.alloc_buffer((tm, rb, ku, lanes), "int32")
         for t in T.unroll(tm):
             for r in T.unroll(rb):
@@ -280,7 +281,7 @@ def _gemm(n_rows: int, in_features: int, form: str) -> tirx.PrimFunc:
         for jo in T.serial(words // ku):
             for u in T.unroll(ku):
                 for r in T.unroll(rb):
-                    T.evaluate(prefetch_ahead(w, blk(b0, r), jo * ku + u, ahead, words, rb))
+                    T.evaluate(prefetch_ahead(w, blk(b0, r), jo * ku + u, ahead, words, rb, once))
                     for t in T.unroll(tm):
                         step(w, xq, acc, t, r, u, tok(t0, t, m), blk(b0, r), jo * ku + u)
         for jt in T.serial(words % ku):  # k left over when ku does not divide it
@@ -319,7 +320,7 @@ def _gemm(n_rows: int, in_features: int, form: str) -> tirx.PrimFunc:
             xs1 = T.alloc_buffer((1,), "float32")
             quantize(x, xq1, xs1, 0)  # serial: one token is not worth a parallel launch
             for b in T.parallel(blocks):
-                tile(w, wsum, scale, y, xq1, xs1, m, b, T.int64(0), 1, 1, DECODE_K_UNROLL)
+                tile(w, wsum, scale, y, xq1, xs1, m, b, T.int64(0), 1, 1, DECODE_K_UNROLL, True)
         else:
             xq = T.alloc_buffer((m, in_features), "uint8")  # x + 128
             xs = T.alloc_buffer((m,), "float32")
@@ -329,7 +330,7 @@ def _gemm(n_rows: int, in_features: int, form: str) -> tirx.PrimFunc:
                 for tb in T.serial((m + panel_tokens - 1) // panel_tokens):
                     tile(
                         w, wsum, scale, y, xq, xs, m, task * panel_blocks, tb * panel_tokens,
-                        panel_tokens, panel_blocks, 1,
+                        panel_tokens, panel_blocks, 1, False,
                     )  # fmt: skip
 
     return int8int8_gemm
