@@ -4,6 +4,7 @@ their own way (an `embed` entry, then entry points that take embeddings and retu
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 
 def test_new_bundles_take_ids_and_decode_matches_a_full_prefill(tiny_bundle) -> None:
@@ -55,3 +56,14 @@ def test_a_bundle_from_before_token_ids_goes_through_embed(tiny_bundle) -> None:
     assert int(np.argmax(old.prefill([4, 8, 15]))) == 15
     assert int(np.argmax(old.decode_step(23))) == 23
     assert calls == ["embed", "prefill", "embed", "decode"]
+
+
+def test_an_entry_point_the_module_lacks_is_refused_by_name(tiny_bundle) -> None:
+    from goinfer.artifacts import giw
+    from goinfer.runtime.model import Model, tokenizer_json
+
+    real = Model.load(tiny_bundle("llama", "f32"))
+    bundle = giw.open_bundle(real.bundle.path)
+    bundle.manifest = {**bundle.manifest, "entry_points": [*bundle.manifest["entry_points"], "verify"]}
+    with pytest.raises(giw.BundleError, match="'verify'"):
+        Model(bundle, real.vm, real.params, real.tokenizer, tokenizer_json(bundle), 0.0)
