@@ -81,9 +81,8 @@ class Model:
         # Bundles built before the entry points took token ids have an `embed` entry, and their
         # entry points hand back (logits, cache).
         self._ids_in = m.get("forward_input") == "token_ids"
-        names = m.get("entry_points") or ["embed", "prefill", "prefill_all", "decode"]
         try:
-            self._entry = {name: vm[name] for name in names if name != "create_kv_cache"}
+            self._entry = {name: vm[name] for name in m["entry_points"] if name != "create_kv_cache"}
         except AttributeError as e:  # tvm_ffi's answer for a function the module lacks
             raise giw.BundleError(f"bundle {bundle.path}: {e}") from None
         # A decode step's input: one token id, written into the same tensor every step (a fresh
