@@ -180,6 +180,7 @@ def _ensure_bundle(gguf: Path, quant: str) -> Path:
     bundle = zoo.bundle_path(gguf, quant, "llvm")
     if not bundle.is_file():
         _log(f"building {bundle.name}")
+        bundle.parent.mkdir(parents=True, exist_ok=True)  # a fresh machine has no bundle cache yet
         build(gguf, bundle, BuildOptions(target="llvm", quant=quant))
     # A bundle's first open hashes every blob (once per machine): not part of a cold start.
     with giw.open_bundle(bundle, verify="once"):

@@ -174,7 +174,7 @@ def kernel(out_features: int, in_features: int) -> tirx.PrimFunc:
        16 float16 scales, one vcvtph2ps, shared by every token of the tile).
     4. Accumulators are small buffers inside the parallel task, kept in registers; software
        prefetch PREFETCH_BYTES ahead along each row block, into the thread's next task near a
-       block's end, non-temporal in decode (`lanes.prefetch_ahead`).
+       block's end, non-temporal in decode on AMD (`lanes.prefetch_ahead`).
     5. m >= 2: PANEL_TILE tokens x row blocks per register tile over tasks of a few blocks, so one
        weight load and unpack feeds every token of the tile.
     6. AVX2 without VNNI (Zen 3, Haswell): vpmaddubsw multiplies the u8 nibbles by the s8

@@ -126,7 +126,7 @@ def kernel(out_features: int, in_features: int) -> tirx.PrimFunc:
        hide the vpdpbusd latency, and quantizes its one token serially (no parallel launch: a
        37x256 call went from 10 to 6 us).
     4. Software prefetch PREFETCH_BYTES ahead along each row block (one 64-byte line per step;
-       `lanes.prefetch_ahead`), non-temporal in decode. 1 KB measured the same as 2 KB here.
+       `lanes.prefetch_ahead`), non-temporal in decode on AMD. 1 KB measured the same as 2 KB here.
     5. m >= 2: a PANEL_TILE register tile, 6 tokens x 2 row blocks, over tasks of 32 rows kept in
        L1/L2 across the token tiles; one weight load feeds 6 vpdpbusd. From m = 4 on it beat 4-token
        tiles over single blocks (896x4864, m = 6: 642 -> 403 us), so there is no middle path.

@@ -27,14 +27,15 @@ def prefetch_ahead(
 ) -> tirx.PrimExpr:
     """Prefetch w[block, word + ahead, 0], w being a kernel's (blocks, words, 16) row-block weights
     read along `words`; `once` (decode, where a call reads each weight once) makes it
-    non-temporal.
+    non-temporal on the CPUs where that pays (`tvm_api.specialize`: AMD Zen, not Intel).
 
     Non-temporal, decode's weight stream (the whole model, every token) stops pushing out of the
     caches what a decode step keeps using: the code, the VM's and Python's objects, activations
-    and the KV cache. Decode, ms a token (two bundles interleaved in one process, median of
-    16-40; logits identical): SmolLM2 int4 3.42 -> 3.26, int8int8 5.25 -> 4.94, Qwen-0.5B int4
-    11.17 -> 10.86. A GEMM panel reads its weights again for each token tile, so prefill keeps
-    the ordinary prefetch.
+    and the KV cache. Decode on Zen 3, ms a token (two bundles interleaved in one process, median
+    of 16-40; logits identical): SmolLM2 int4 3.42 -> 3.26, int8int8 5.25 -> 4.94, Qwen-0.5B int4
+    11.17 -> 10.86. On a Xeon it was the other way: with it, SmolLM2 int4 took 5.88 ms a token
+    against 2.16, Qwen-0.5B 20.1 against 9.7. A GEMM panel reads its weights again for each
+    token tile, so prefill keeps the ordinary prefetch.
 
     Near a block's end, the line ahead falls in the next block. A task reads `task_blocks`
     consecutive blocks side by side and a thread's next task the `task_blocks` after them, so
