@@ -21,6 +21,7 @@ from ..spec import ModelSpec
 __all__ = [
     "PagedKVCache",
     "Target",
+    "attention_with_fused_qkv",
     "compile_module",
     "export",
     "host_target",
@@ -105,6 +106,25 @@ def paged_kv_cache(
         dtype="float32",
         target=target,
         layer_sliding_window_size=kv_window(spec),
+    )
+
+
+def attention_with_fused_qkv(
+    kv: PagedKVCache, layer: int, qkv: nn.Tensor, heads: int, sm_scale: float
+) -> nn.Tensor:
+    """The cache's attention for one layer on a fused qkv of (tokens, q + k + v heads, dim),
+    returning (tokens, heads, dim). `PagedKVCache.attention_with_fused_qkv` takes and returns
+    (batch, tokens, heads, dim) and views to and from the 3-D form the builtin works on: two
+    views a decode layer, each a VM instruction and an object (one sequence here: batch 1)."""
+    t, _, d = qkv.shape
+    return nn.Tensor(
+        _expr=relax.BlockBuilder.current().emit(
+            relax.call_dps_packed(
+                "vm.builtin.attention_kv_cache_attention_with_fused_qkv",
+                [kv._expr, relax.prim_value(layer), relax.prim_value(sm_scale), qkv._expr],
+                out_ty=relax.TensorType((t, heads, d), qkv.dtype),
+            )
+        )
     )
 
 

@@ -2,7 +2,9 @@
 exported entry points (prefill / prefill_all / decode / create_kv_cache).
 
 A family supplies its layer class; behaviour that differs between families comes from ModelSpec
-flags (bias, qk-norm, sliding layers), never from the family's name.
+flags (bias, qk-norm, sliding layers), never from the family's name. A layer's forward takes the
+residual stream as (x, delta), delta not yet added, and returns it the same way, so each residual
+add runs inside the norm after it (`RMSNorm.add_then_norm`).
 """
 
 from __future__ import annotations
@@ -41,17 +43,17 @@ class Attention(nn.Module):
     def forward(self, x: Tensor, rope_by_theta: RopeTables, kv: tvm_api.PagedKVCache) -> Tensor:
         s = self.spec
         h, hkv, d = s.num_heads, s.num_kv_heads, s.head_dim
-        b, t, _ = x.shape
+        t = x.shape[0]
         qkv = self.qkv(x)
         if self.qkv_bias is not None:
             qkv = self.qkv_bias(qkv)
-        qkv = op.reshape(qkv, (b, t, h + 2 * hkv, d))
+        qkv = op.reshape(qkv, (t, h + 2 * hkv, d))
         if s.qk_norm:
-            q, k, v = op.split(qkv, [h, h + hkv], axis=2)
-            qkv = op.concat([self.q_norm(q), self.k_norm(k), v], dim=2)
+            q, k, v = op.split(qkv, [h, h + hkv], axis=1)
+            qkv = op.concat([self.q_norm(q), self.k_norm(k), v], dim=1)
         qkv = rope(qkv, rope_by_theta[s.layer_rope_theta(self.layer)], h + hkv)
-        o = kv.attention_with_fused_qkv(self.layer, qkv, h, sm_scale=s.softmax_scale)
-        return self.o(op.reshape(o, (b, t, h * d)))
+        o = tvm_api.attention_with_fused_qkv(kv, self.layer, qkv, h, s.softmax_scale)
+        return self.o(op.reshape(o, (t, h * d)))
 
 
 def _linear_factor(spec: ModelSpec) -> float:
@@ -85,22 +87,27 @@ class CausalLM(nn.Module):
         )
 
     def _logits(self, h: Tensor) -> Tensor:
-        return (self.lm_head or self.embed_tokens)(h)
+        """(tokens, hidden) -> (1, tokens, vocab), the shape the entry points return."""
+        logits = (self.lm_head or self.embed_tokens)(h)
+        return op.reshape(logits, (1, h.shape[0], self.spec.vocab_size))
 
     def _embed(self, input_ids: Tensor) -> Tensor:
-        """(seq_len,) token ids -> (1, seq_len, hidden)."""
+        """(seq_len,) token ids -> (seq_len, hidden)."""
         x = self.embed_tokens.take(input_ids)
-        x = x * self.spec.embed_scale if self.spec.embed_scale != 1.0 else x
-        return op.reshape(x, (1, input_ids.shape[0], self.spec.hidden_size))
+        return x * self.spec.embed_scale if self.spec.embed_scale != 1.0 else x
 
+    # The residual stream is (tokens, hidden): the layout the matmuls take, so no view is made
+    # around each one (a decode layer made 7-8 such views, each a VM instruction and an object).
     def _body(self, x: Tensor, kv: tvm_api.PagedKVCache) -> Tensor:
-        b, t, _ = x.shape
         s = self.spec
         thetas = {s.layer_rope_theta(i) for i in range(s.num_layers)}
-        tables = rope_tables(kv.get_query_positions(b * t), thetas, s.head_dim, _linear_factor(s))
+        tables = rope_tables(kv.get_query_positions(x.shape[0]), thetas, s.head_dim, _linear_factor(s))
+        # Each layer hands back its last residual term unadded: the next norm adds it (see
+        # RMSNorm.add_then_norm), and the final norm adds the last layer's.
+        delta = None
         for layer in self.layers:
-            x = layer(x, tables, kv)
-        return self.norm(x)
+            x, delta = layer(x, delta, tables, kv)
+        return self.norm.add_then_norm(x, delta)[1]
 
     # -- exported entry points -------------------------------------------------------------
     # Each takes token ids and returns only the logits (the cache is updated in place). A separate
@@ -111,8 +118,8 @@ class CausalLM(nn.Module):
         h = self._body(self._embed(input_ids), kv)
 
         def last(x: te.Tensor) -> te.Tensor:
-            b, t, d = x.shape
-            return te.compute((b, 1, d), lambda i, _, k: x[i, t - 1, k], name="last_position")
+            t, d = x.shape
+            return te.compute((1, d), lambda _, k: x[t - 1, k], name="last_position")
 
         return self._logits(op.tensor_expr_op(last, "last_position", [h]))
 

@@ -31,9 +31,13 @@ class Gemma3Layer(nn.Module):
         self.mlp = GatedMLP(spec, layer, pick, tensors)
         self.post_ffw_norm = RMSNorm(d, eps, f"blk.{layer}.post_ffw_norm.weight", off)
 
-    def forward(self, x: Tensor, rope_by_theta: RopeTables, kv) -> Tensor:
-        h = x + self.post_attn_norm(self.attn(self.attn_norm(x), rope_by_theta, kv))
-        return h + self.post_ffw_norm(self.mlp(self.ffn_norm(h)))
+    def forward(
+        self, x: Tensor, delta: Tensor | None, rope_by_theta: RopeTables, kv
+    ) -> tuple[Tensor, Tensor]:
+        """As llama's: the stream in is x + delta, and the delta out is added by the next norm."""
+        x, xn = self.attn_norm.add_then_norm(x, delta)
+        h, hn = self.ffn_norm.add_then_norm(x, self.post_attn_norm(self.attn(xn, rope_by_theta, kv)))
+        return h, self.post_ffw_norm(self.mlp(hn))
 
 
 LAYER = Gemma3Layer

@@ -16,7 +16,7 @@ from tvm import te, tirx
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
-from ..lower import gated
+from ..lower import gated, norm
 from ..sources.base import SourceTensor
 from ..spec import ModelSpec
 
@@ -66,23 +66,17 @@ class QLinear(Weighted):
         return self.scheme.pack(w)
 
     def forward(self, x: Tensor) -> Tensor:
-        lead = x.shape[:-1]
-        flat = op.reshape(x, (-1, self.in_features))
+        """x (tokens, in) -> (tokens, out)."""
         if hasattr(self.scheme, "kernel"):  # a hand-scheduled TIR kernel
-            y = op.tensor_ir_op(
+            return op.tensor_ir_op(
                 self.scheme.kernel(self.out_features, self.in_features),
                 f"{self.scheme.NAME}_linear",
-                [flat, *self.params.values()],
-                out=Tensor.placeholder((flat.shape[0], self.out_features), "float32"),
+                [x, *self.params.values()],
+                out=Tensor.placeholder((x.shape[0], self.out_features), "float32"),
             )
-        else:
-            y = op.tensor_expr_op(
-                self.scheme.linear,
-                f"{self.scheme.NAME}_linear",
-                [flat, *self.params.values()],
-                attrs=_KERNEL_ATTRS,
-            )
-        return op.reshape(y, (*lead, self.out_features))
+        return op.tensor_expr_op(
+            self.scheme.linear, f"{self.scheme.NAME}_linear", [x, *self.params.values()], attrs=_KERNEL_ATTRS
+        )
 
     def take(self, ids: Tensor) -> Tensor:
         """Rows of W (the embedding view of a tied LM head)."""
@@ -121,7 +115,27 @@ class RMSNorm(Weighted):
         return {"weight": (tensors[self.sources[0]].load().reshape(-1) + self.offset).astype(np.float32)}
 
     def forward(self, x: Tensor) -> Tensor:
-        return op.rms_norm(x, self.weight, axes=[-1], epsilon=self.eps)
+        if len(x.shape) != 2:  # per-head norms (qk-norm) stay relax's
+            return op.rms_norm(x, self.weight, axes=[-1], epsilon=self.eps)
+        return op.tensor_ir_op(
+            norm.kernel(x.shape[-1], self.eps, residual=False),
+            "rms_norm",
+            [x, self.weight],
+            out=Tensor.placeholder(x.shape, "float32"),
+        )
+
+    def add_then_norm(self, x: Tensor, delta: Tensor | None) -> tuple[Tensor, Tensor]:
+        """(x + delta, its norm) in one kernel (the residual add a pre-norm block does before each
+        sublayer); with no delta, (x, its norm)."""
+        if delta is None:
+            return x, self(x)
+        s, y = op.tensor_ir_op(
+            norm.kernel(x.shape[-1], self.eps, residual=True),
+            "add_rms_norm",
+            [x, delta, self.weight],
+            out=[Tensor.placeholder(x.shape, "float32"), Tensor.placeholder(x.shape, "float32")],
+        )
+        return s, y
 
 
 class GatedMLP(nn.Module):
@@ -136,15 +150,13 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         gate_up = self.gate_up(x)
-        lead = gate_up.shape[:-1]
-        flat = op.reshape(gate_up, (-1, 2 * self.inter))
         a = op.tensor_ir_op(
             gated.kernel(self.inter, self.act),
             f"gated_{self.act}",
-            [flat],
-            out=Tensor.placeholder((flat.shape[0], self.inter), "float32"),
+            [gate_up],
+            out=Tensor.placeholder((gate_up.shape[0], self.inter), "float32"),
         )
-        return self.down(op.reshape(a, (*lead, self.inter)))
+        return self.down(a)
 
 
 RopeTables = dict[float, tuple[Tensor, Tensor]]  # theta -> (cos, sin), each (tokens, head_dim / 2)
@@ -179,19 +191,17 @@ def rope_tables(positions: Tensor, thetas: set[float], d: int, linear_factor: fl
 def rope(qkv: Tensor, table: tuple[Tensor, Tensor], rotated_heads: int) -> Tensor:
     """Half-split (NeoX) rotary embedding on the first `rotated_heads` heads of a fused qkv.
 
-    qkv: (b, s, heads, d); table: this layer's (cos, sin) from `rope_tables`.
+    qkv: (tokens, heads, d); table: this layer's (cos, sin) from `rope_tables`.
     """
     half = qkv.shape[-1] // 2
 
     def compute(x: te.Tensor, cos: te.Tensor, sin: te.Tensor) -> te.Tensor:
-        b, s, h, d = x.shape
+        def f(t, hi, di):
+            j = tirx.if_then_else(di < half, di, di - half)
+            partner = tirx.if_then_else(di < half, -x[t, hi, di + half], x[t, hi, di - half])
+            rotated = x[t, hi, di] * cos[t, j] + partner * sin[t, j]
+            return tirx.if_then_else(hi < rotated_heads, rotated, x[t, hi, di])
 
-        def f(bi, si, hi, di):
-            t, j = bi * s + si, tirx.if_then_else(di < half, di, di - half)
-            partner = tirx.if_then_else(di < half, -x[bi, si, hi, di + half], x[bi, si, hi, di - half])
-            rotated = x[bi, si, hi, di] * cos[t, j] + partner * sin[t, j]
-            return tirx.if_then_else(hi < rotated_heads, rotated, x[bi, si, hi, di])
-
-        return te.compute((b, s, h, d), f, name="rope")
+        return te.compute(x.shape, f, name="rope")
 
     return op.tensor_expr_op(compute, "rope", [qkv, *table])

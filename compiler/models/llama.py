@@ -25,9 +25,14 @@ class LlamaLayer(nn.Module):
         self.ffn_norm = RMSNorm(spec.hidden_size, spec.norm_eps, f"blk.{layer}.ffn_norm.weight")
         self.mlp = GatedMLP(spec, layer, pick, tensors)
 
-    def forward(self, x: Tensor, rope_by_theta: RopeTables, kv) -> Tensor:
-        h = x + self.attn(self.attn_norm(x), rope_by_theta, kv)
-        return h + self.mlp(self.ffn_norm(h))
+    def forward(
+        self, x: Tensor, delta: Tensor | None, rope_by_theta: RopeTables, kv
+    ) -> tuple[Tensor, Tensor]:
+        """The stream in is x + delta (delta: the last layer's MLP output, added here with the norm
+        in one kernel); returns the stream and the delta to add to it, the same way."""
+        x, xn = self.attn_norm.add_then_norm(x, delta)
+        h, hn = self.ffn_norm.add_then_norm(x, self.attn(xn, rope_by_theta, kv))
+        return h, self.mlp(hn)
 
 
 LAYER = LlamaLayer
