@@ -1,7 +1,8 @@
 """The machine's read bandwidth: one parallel TVM kernel summing a 400 MB buffer, best of a few.
 
 The roofline for decode is bytes-per-token / this. Run it with TVM_NUM_THREADS set to the thread
-count being compared (python -m bench.bandwidth prints GB/s).
+count being compared (python -m bench.bandwidth prints GB/s; `--mb N` reads an N MB buffer instead:
+a model's size, where a large last-level cache holds part of it between passes).
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ BYTES = 400_000_000
 CHUNK = 4096  # floats per parallel task
 
 
-def read_bandwidth_gbs(repeats: int = 5) -> float:
+def read_bandwidth_gbs(repeats: int = 5, nbytes: int = BYTES) -> float:
     import tvm
     from goinfer.compiler.lower.tvm_api import host_target
     from tvm.script import tirx as T
 
-    n = BYTES // 4 // CHUNK * CHUNK
+    n = max(1, nbytes // 4 // CHUNK) * CHUNK
 
     @T.prim_func
     def read(a: T.Buffer((n,), "float32"), out: T.Buffer((n // CHUNK, 16), "float32")):
@@ -52,4 +53,8 @@ def read_bandwidth_gbs(repeats: int = 5) -> float:
 
 
 if __name__ == "__main__":
-    print(f"{read_bandwidth_gbs():.2f}")
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m bench.bandwidth")
+    ap.add_argument("--mb", type=float, default=BYTES / 1e6, help="buffer size in MB (default 400)")
+    print(f"{read_bandwidth_gbs(nbytes=int(ap.parse_args().mb * 1e6)):.2f}")

@@ -6,8 +6,9 @@
 Builds any missing bundle (and llama.cpp, AMX off, see bench/llama_cpp.py) first. Each engine runs
 in its own process with the same thread count. Prints tok/s for decode (tg) and prefill (pp), our
 ratio to llama-bench, bytes read per decoded token, the fraction of the machine's measured read
-bandwidth that reaches (measured again each round, beside the runs), RSS after load against the bundle
-size, and cold start to first token.
+bandwidth that reaches (measured again each round, beside the runs; and over a buffer of the weights'
+size, which a large last-level cache partly holds), RSS after load against the bundle size, and cold
+start to first token.
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ class Row:
     rss_after_load_mb: float
     bundle_mb: float
     cold_first_token_s: float
+    # Read bandwidth over a buffer of our weights' size: above bandwidth_gbs where the last-level
+    # cache holds part of a model between tokens (a large L3), the roofline a decode can reach.
+    bandwidth_at_size_gbs: float = float("nan")
 
     @property
     def tg_ratio(self) -> float:
@@ -55,6 +59,10 @@ class Row:
     @property
     def ours_roofline(self) -> float:
         return roofline_fraction(self.ours_mb_per_token, self.ours_tg, self.bandwidth_gbs)
+
+    @property
+    def ours_roofline_at_size(self) -> float:
+        return roofline_fraction(self.ours_mb_per_token, self.ours_tg, self.bandwidth_at_size_gbs)
 
     @property
     def peer_roofline(self) -> float:
@@ -78,7 +86,7 @@ def table(rows: list[Row]) -> str:
     head = (
         f"{'model':20} {'quant':8} {'tg ours':>8} {'tg l.cpp':>8} {'ratio':>6} {'pp ours':>8} "
         f"{'pp l.cpp':>8} {'ratio':>6} {'MB/tok':>7} {'GB/s':>5} {'of':>5} {'roof':>5} {'l.cpp':>5} "
-        f"{'RSS MB':>7} {'bundle':>7} {'cold s':>6}"
+        f"{'@size':>5} {'roof':>5} {'RSS MB':>7} {'bundle':>7} {'cold s':>6}"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -86,7 +94,7 @@ def table(rows: list[Row]) -> str:
             f"{r.model:20} {r.quant:8} {r.ours_tg:8.1f} {r.peer_tg:8.1f} {r.tg_ratio:5.2f}x "
             f"{r.ours_pp:8.1f} {r.peer_pp:8.1f} {r.pp_ratio:5.2f}x {r.ours_mb_per_token:7.0f} "
             f"{r.ours_mb_per_token * r.ours_tg / 1e3:5.1f} {r.bandwidth_gbs:5.1f} {r.ours_roofline:5.0%} "
-            f"{r.peer_roofline:5.0%} "
+            f"{r.peer_roofline:5.0%} {r.bandwidth_at_size_gbs:5.1f} {r.ours_roofline_at_size:5.0%} "
             f"{r.rss_after_load_mb:7.0f} {r.bundle_mb:7.0f} {r.cold_first_token_s:6.2f}"
         )
     return "\n".join(lines)
@@ -111,9 +119,10 @@ def _env(threads: int) -> dict[str, str]:
     return {**os.environ, "TVM_NUM_THREADS": str(threads)}
 
 
-def _bandwidth(threads: int) -> float:
+def _bandwidth(threads: int, mb: float | None = None) -> float:
+    size = [] if mb is None else ["--mb", f"{mb:.0f}"]
     out = subprocess.run(
-        [sys.executable, "-m", "bench.bandwidth"],
+        [sys.executable, "-m", "bench.bandwidth", *size],
         env=_env(threads),
         capture_output=True,
         text=True,
@@ -212,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
         peer_mb = _gguf_weight_mb(gguf)
         for quant in quants:
             bundle = _ensure_bundle(gguf, quant)
-            ours, peer, bandwidth = [], [], []
+            ours_mb = _bundle_weight_mb(bundle)
+            ours, peer, bandwidth, at_size = [], [], [], []
             for i in range(a.rounds):  # A/B/A/B: drift in the machine hits both sides alike
                 _log(f"{name} {quant} round {i + 1}/{a.rounds}: ours")
                 ours.append(_ours(bundle, a.pp, a.tg, a.threads))
@@ -221,7 +231,11 @@ def main(argv: list[str] | None = None) -> int:
                 # Measured every round, beside the runs: on a shared host it moved 19-38 GB/s
                 # within an hour, which would swing a roofline fraction measured once by half.
                 bandwidth.append(_bandwidth(a.threads))
-                _log(f"read bandwidth {bandwidth[-1]:.1f} GB/s with {a.threads} threads")
+                at_size.append(_bandwidth(a.threads, ours_mb))
+                _log(
+                    f"read bandwidth {bandwidth[-1]:.1f} GB/s with {a.threads} threads"
+                    f" ({at_size[-1]:.1f} over {ours_mb:.0f} MB)"
+                )
             rows.append(
                 Row(
                     name,
@@ -230,17 +244,19 @@ def main(argv: list[str] | None = None) -> int:
                     median([p["tg_tok_s"] for p in peer]),
                     median([o["pp_tok_s"] for o in ours]),
                     median([p["pp_tok_s"] for p in peer]),
-                    _bundle_weight_mb(bundle),
+                    ours_mb,
                     peer_mb,
                     median(bandwidth),
                     median([o["rss_after_load_mb"] for o in ours]),
                     bundle.stat().st_size / 2**20,
                     median([o["cold_first_token_s"] for o in ours]),
+                    median(at_size),
                 )
             )
     print(
         f"{a.threads} threads; tg{a.tg}, pp{a.pp}, median of {a.rounds} rounds; GB/s: what our decode"
-        " reads, of the machine's read bandwidth (measured each round)"
+        " reads, of the machine's read bandwidth (measured each round); @size: the same over a"
+        " buffer of our weights' size, and the roofline fraction against that"
     )
     print(table(rows))
     if a.json:
@@ -267,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
                             "tg_ratio": r.tg_ratio,
                             "pp_ratio": r.pp_ratio,
                             "ours_roofline": r.ours_roofline,
+                            "ours_roofline_at_size": r.ours_roofline_at_size,
                             "peer_roofline": r.peer_roofline,
                         }
                         for r in rows

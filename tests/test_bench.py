@@ -25,6 +25,9 @@ def test_ratios_and_roofline():
     assert r.ours_roofline == pytest.approx(0.9)
     assert r.peer_roofline == pytest.approx(0.9)
     assert math.isnan(run.ratio(1.0, 0.0)) and math.isnan(run.roofline_fraction(1, 1, 0))
+    # against the bandwidth over a buffer of the weights' size, where a cache holds part of them
+    assert _row(bandwidth_at_size_gbs=18.0).ours_roofline_at_size == pytest.approx(0.5)
+    assert math.isnan(r.ours_roofline_at_size)  # not measured
 
 
 def test_median_and_table():
@@ -32,6 +35,7 @@ def test_median_and_table():
     text = run.table([_row(), _row(model="other", ours_tg=10.0)])
     lines = text.splitlines()
     assert len(lines) == 4 and "1.50x" in lines[2] and "0.50x" in lines[3] and "90%" in lines[2]
+    assert "@size" in lines[0] and "45%" in run.table([_row(bandwidth_at_size_gbs=20.0)]).splitlines()[2]
 
 
 def test_unknown_names_are_one_line_errors():
