@@ -2,16 +2,19 @@
 
 A pre-norm block adds each sublayer's output to the residual stream and normalizes the sum for
 the next sublayer. Relax ran that as two kernels (its add, then its rms_norm) with the sum written
-out between them; a decode step runs two such pairs a layer, each kernel a VM call, an output
-buffer and a serial pass on the calling thread. The ideas:
+out between them: two such pairs a decode layer, each kernel a VM call and an output buffer. The
+ideas:
 
 1. One kernel, two outputs: s = x + r (the stream, kept for the next add) and y = norm(s) * w,
    s's sum of squares taken while it is written.
-2. 16-lane vectors: the sum of squares in 16 partial sums, added across once a token (relax's
-   schedule for a static decode step summed element by element, a 4-cycle chain per element);
-   a hidden size that 16 does not divide ends in scalar steps.
+2. 16-lane vectors, the sum of squares in 16 partial sums added across once a token; a hidden size
+   that 16 does not divide ends in scalar steps.
 3. A token a task in parallel once a call is large enough (prefill); a decode step's one token
    runs on the calling thread, less work than waking the pool.
+
+Measured against relax's pair (2-core Xeon, bundles A/B in one process): SmolLM2 pp512 +2-3.5%;
+decode within noise on its own, -3.7% on Qwen-0.5B together with the views dropped around every
+matmul (models/decoder.py).
 """
 
 from __future__ import annotations

@@ -244,9 +244,9 @@ def nontemporal_prefetch_pays(target: Target) -> bool:
     """Whether decode's read-once weight stream should be prefetched non-temporal on `target`.
 
     AMD Zen: yes. Decode 3-6% faster a token (Zen 3, AVX2: the stream stops evicting the step's
-    code and data). Intel: no. Its prefetchnta fills L1 alone, past the L2 streamer, and the
-    decode GEMVs read 12-17 GB/s with it against 25-29 GB/s with the ordinary prefetch (2-core
-    Xeon with AVX-512 VNNI, int4 and int8int8, every model shape; 26-30 GB/s plain read).
+    code and data). Intel: no. The decode GEMVs read 12-17 GB/s with it against 25-29 GB/s with
+    the ordinary prefetch (2-core Xeon with AVX-512 VNNI, int4 and int8int8, every model shape;
+    26-30 GB/s plain read), likely as its prefetchnta fills L1 only, out of the L2 streamer's sight.
     """
     return str(target.attrs.get("mcpu", "")).startswith("znver")
 

