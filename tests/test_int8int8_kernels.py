@@ -146,14 +146,3 @@ def test_take_reads_the_interleaved_layout():
 def test_decode_prefetches_non_temporal_and_prefill_keeps_its_panels(form):
     decode, prefill = prefetch_localities(int8int8.kernel_variant(40, 576, form))
     assert decode == {0} and prefill == {3}
-
-
-@pytest.mark.parametrize(
-    ("mcpu", "decode_hint"), [("znver3", 0), ("znver4", 0), ("icelake-server", 3), ("haswell", 3)]
-)
-def test_target_keeps_non_temporal_prefetch_only_where_it_pays(mcpu, decode_hint):
-    """AMD Zen keeps decode's non-temporal prefetch; on Intel it halved the GEMVs' read rate, so
-    compiling for it turns them into ordinary ones. Prefill's stay ordinary everywhere."""
-    target = tvm_api.make_target({**tvm_api.host_target(2), "mcpu": mcpu})
-    func = tvm_api.specialize(tvm.IRModule({"main": int8int8.kernel(40, 576)}), target)["main"]
-    assert prefetch_localities(func) == ({decode_hint}, {3})

@@ -68,6 +68,15 @@ def kernel(hidden: int, eps: float, residual: bool) -> tirx.PrimFunc:
             k = n_vec * LANES + i
             y[t, k] = (s[t, k] if residual else x[t, k]) * inv * w[k]
 
+    @T.macro
+    def every_token(x, r, w, s, y, m):
+        if m * hidden <= SERIAL_MAX:
+            for t in T.serial(m):
+                token(x, r, w, s, y, t)
+        else:
+            for t in T.parallel(m):
+                token(x, r, w, s, y, t)
+
     if residual:
 
         @T.prim_func(private=True)  # private: relax names each instance
@@ -80,12 +89,7 @@ def kernel(hidden: int, eps: float, residual: bool) -> tirx.PrimFunc:
             r = T.match_buffer(r_h, (m, hidden), "float32")
             s = T.match_buffer(s_h, (m, hidden), "float32")
             y = T.match_buffer(y_h, (m, hidden), "float32")
-            if m * hidden <= SERIAL_MAX:
-                for t in T.serial(m):
-                    token(x, r, w, s, y, t)
-            else:
-                for t in T.parallel(m):
-                    token(x, r, w, s, y, t)
+            every_token(x, r, w, s, y, m)
 
         return add_rms_norm
 
@@ -95,11 +99,6 @@ def kernel(hidden: int, eps: float, residual: bool) -> tirx.PrimFunc:
         m = T.int64()
         x = T.match_buffer(x_h, (m, hidden), "float32")
         y = T.match_buffer(y_h, (m, hidden), "float32")
-        if m * hidden <= SERIAL_MAX:
-            for t in T.serial(m):
-                token(x, None, w, None, y, t)
-        else:
-            for t in T.parallel(m):
-                token(x, None, w, None, y, t)
+        every_token(x, None, w, None, y, m)
 
     return rms_norm
