@@ -12,7 +12,6 @@ import tvm
 from goinfer.compiler.lower import tvm_api
 from goinfer.compiler.quant import int4
 from goinfer.compiler.quant.lanes import prefetch_ahead
-from tir_inspect import prefetch_localities
 from tvm.sym.analyzer import Analyzer
 
 TOLERANCE = 1e-5  # max |got - want| / max |want|, as the startup self-test holds them to
@@ -162,11 +161,3 @@ def test_take_reads_the_interleaved_layout():
     lib["main"](tvm.runtime.tensor(rows), *(tvm.runtime.tensor(p[nm]) for nm in ("weight", "scale")), got)
     want = int4.unpack(p["weight"], p["scale"], n)[rows]
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-6)
-
-
-@pytest.mark.parametrize("form", ["portable", "avx2", "vnni"])
-def test_decode_prefetches_non_temporal_and_prefill_keeps_its_panels(form):
-    """Decode reads each weight once: its prefetch must not push the rest out of the caches. A
-    prefill panel reads its weights once per token tile, so they stay."""
-    decode, prefill = prefetch_localities(int4.kernel_variant(40, 576, form))
-    assert decode == {0} and prefill == {3}

@@ -11,7 +11,6 @@ import pytest
 import tvm
 from goinfer.compiler.lower import tvm_api
 from goinfer.compiler.quant import int8int8
-from tir_inspect import prefetch_localities
 
 TOLERANCE = 1e-5  # max |got - want| / max |want|, as the startup self-test holds them to
 
@@ -140,9 +139,3 @@ def test_take_reads_the_interleaved_layout():
     )
     want = int8int8.unpack(p["weight"], n)[rows] * p["scale"][rows, None]
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-6)
-
-
-@pytest.mark.parametrize("form", ["portable", "avx2", "vnni"])
-def test_decode_prefetches_non_temporal_and_prefill_keeps_its_panels(form):
-    decode, prefill = prefetch_localities(int8int8.kernel_variant(40, 576, form))
-    assert decode == {0} and prefill == {3}

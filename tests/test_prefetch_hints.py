@@ -1,4 +1,5 @@
-"""Compiling for a target keeps decode's non-temporal weight prefetch only where it pays."""
+"""The weight prefetch hints of the quantized matmuls: what each kernel form asks for, and what
+compiling for a target keeps of it."""
 
 from __future__ import annotations
 
@@ -8,8 +9,19 @@ from goinfer.compiler.lower import tvm_api
 from goinfer.compiler.quant import int4, int8int8
 from tir_inspect import prefetch_localities
 
+SCHEMES = pytest.mark.parametrize("scheme", [int4, int8int8], ids=lambda s: s.NAME)
 
-@pytest.mark.parametrize("scheme", [int4, int8int8], ids=lambda s: s.NAME)
+
+@SCHEMES
+@pytest.mark.parametrize("form", ["portable", "avx2", "vnni"])
+def test_decode_prefetches_non_temporal_and_prefill_keeps_its_panels(scheme, form):
+    """Decode reads each weight once: its prefetch must not push the rest out of the caches. A
+    prefill panel reads its weights once per token tile, so they stay."""
+    decode, prefill = prefetch_localities(scheme.kernel_variant(40, 576, form))
+    assert decode == {0} and prefill == {3}
+
+
+@SCHEMES
 @pytest.mark.parametrize(
     ("mcpu", "decode_hint"), [("znver3", 0), ("znver4", 0), ("icelake-server", 3), ("haswell", 3)]
 )
