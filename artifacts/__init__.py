@@ -1,4 +1,5 @@
-"""The .giw bundle format: writer, reader and summary (numpy and the standard library only)."""
+"""The .giw bundle format: the container (giw), its typed manifest, and the cache folders
+(numpy and the standard library only)."""
 
 from .giw import (
     DEFAULT_ALIGN,
@@ -9,10 +10,10 @@ from .giw import (
     BundleInfo,
     ModuleEntry,
     TensorEntry,
-    describe,
     open_bundle,
     write_bundle,
 )
+from .manifest import Manifest, ModelSpec, describe
 
 __all__ = [
     "DEFAULT_ALIGN",
@@ -21,6 +22,8 @@ __all__ = [
     "Bundle",
     "BundleError",
     "BundleInfo",
+    "Manifest",
+    "ModelSpec",
     "ModuleEntry",
     "TensorEntry",
     "describe",

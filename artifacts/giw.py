@@ -15,7 +15,6 @@ import mmap
 import os
 import struct
 import tempfile
-from collections import Counter
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -24,8 +23,10 @@ from typing import IO, Any, Literal
 
 import numpy as np
 
+from . import cache
+
 MAGIC = b"\x89GIW\r\n\x1a\n"  # PNG-style: the high byte and CR/LF catch text-mode mangling
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the typed manifest (manifest.py); older bundles are refused, to be rebuilt
 DEFAULT_ALIGN = 4096  # page size: blobs map straight into the page cache
 MIN_ALIGN = 64
 MAX_ALIGN = 1 << 30
@@ -266,6 +267,11 @@ def _read_header(head: bytes, size: int) -> tuple[int, int, int, bytes]:
         raise BundleError("bad magic: not a .giw bundle")
     if len(head) >= 12:
         (version,) = struct.unpack_from("<I", head, 8)
+        if version < FORMAT_VERSION:
+            raise BundleError(
+                f"bundle format v{version} is older than this goinfer reads (v{FORMAT_VERSION}): "
+                "rebuild it with `goinfer build`"
+            )
         if version != FORMAT_VERSION:
             raise BundleError(f"unsupported format version {version} (this reader reads {FORMAT_VERSION})")
     if len(head) < HEADER_SIZE:
@@ -357,10 +363,6 @@ def _check_layout(
         raise BundleError(f"bundle truncated: header says {fsize} bytes but file has {size}")
     if size > fsize:
         raise BundleError(f"trailing data: file has {size} bytes but header says {fsize}")
-
-
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("GOINFER_CACHE") or Path.home() / ".cache" / "goinfer")
 
 
 class Bundle:
@@ -506,10 +508,10 @@ def _padding(blobs: list[TensorEntry | ModuleEntry], manifest_end: int, size: in
     return gaps
 
 
-def _marker(cache_dir: Path, header_sha256: str, st: os.stat_result) -> Path:
+def _marker(cache_root: str | os.PathLike[str] | None, header_sha256: str, st: os.stat_result) -> Path:
     # Any rewrite changes the inode (atomic rename) or mtime; a rebuild changes the header hash.
     name = f"{header_sha256}-{st.st_size}-{st.st_mtime_ns}-{st.st_dev}-{st.st_ino}"
-    return cache_dir / "verified" / name
+    return cache.folder("verified", cache_root) / name
 
 
 def open_bundle(
@@ -523,8 +525,8 @@ def open_bundle(
 
     The cheap checks (magic, version, header checksum, layout) always run. verify="full" also
     hashes every blob; "once" does so only the first time this exact file is seen (same header,
-    size, mtime and inode), recording a marker under `cache_dir` (default $GOINFER_CACHE or
-    ~/.cache/goinfer); "none" skips it.
+    size, mtime and inode), recording a marker in the `verified/` folder of the cache root
+    `cache_dir` (default: cache.root()); "none" skips it.
 
     The map is read-only, or with private=True copy-on-write: tensors are then writable views
     (DLPack refuses read-only arrays) whose writes never reach the file.
@@ -548,9 +550,7 @@ def open_bundle(
         raise
     if verify == "none":
         return bundle
-    marker = _marker(
-        Path(cache_dir) if cache_dir is not None else default_cache_dir(), bundle.header_sha256, st
-    )
+    marker = _marker(cache_dir, bundle.header_sha256, st)
     if verify == "once" and marker.exists():
         return bundle
     try:
@@ -590,41 +590,3 @@ def _load(path: Path, mm: mmap.mmap, align: int, mlen: int, fsize: int, digest: 
     _check_layout(blobs, align, data_start, fsize, size)
     padding = _padding(blobs, HEADER_SIZE + mlen, size)
     return Bundle(path, mm, manifest, tensors, modules, padding, digest.hex())
-
-
-# ---------------------------------------------------------------------------------------------- summary
-
-
-def _human(n: int) -> str:
-    if n < 1024:
-        return f"{n} B"
-    x, unit = n / 1024, "KiB"
-    for bigger in ("MiB", "GiB"):
-        if x < 1024:
-            break
-        x, unit = x / 1024, bigger
-    return f"{x:.1f} {unit}"
-
-
-def describe(bundle: Bundle) -> str:
-    """A human-readable summary for `goinfer inspect`; missing manifest keys print as '?'."""
-    m = bundle.manifest
-    cfg = next((c for c in (m.get("spec"), m.get("config")) if isinstance(c, dict)), {})
-    src = m.get("source") if isinstance(m.get("source"), dict) else {}
-    infos = [bundle.tensor_info(n) for n in bundle.tensor_names()]
-    dtypes = Counter(e.dtype.name for e in infos)
-    lines = [
-        f"bundle   {bundle.path.name}  {_human(bundle.size)}  format v{FORMAT_VERSION}",
-        f"versions goinfer {m.get('goinfer_version', '?')}  tvm {m.get('tvm_version', '?')}",
-        f"model    {m.get('family', cfg.get('family', '?'))}  quant {m.get('quant', '?')}"
-        f"  context {m.get('context_length', cfg.get('context_length', '?'))}",
-        f"tensors  {len(infos)}  {_human(sum(e.nbytes for e in infos))}  "
-        + ", ".join(f"{k}×{v}" for k, v in sorted(dtypes.items())),
-    ]
-    for k in bundle.module_keys():
-        e = bundle.module_info(k)
-        target = e.target.get("kind") or _dumps(e.target).decode()[:60]
-        lines.append(f"module   {k}  {target}  {_human(e.nbytes)}  sha256 {e.sha256[:16]}")
-    lines.append(f"source   {src.get('ref', '?')}  sha256 {str(src.get('sha256', '?'))[:16]}")
-    lines.append(f"header   sha256 {bundle.header_sha256[:16]}")
-    return "\n".join(lines)

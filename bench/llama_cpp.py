@@ -32,6 +32,8 @@ import tarfile
 import time
 from pathlib import Path
 
+from goinfer.artifacts.cache import folder as cache_folder
+
 VERSION = "0.3.36"  # llama-cpp-python; its vendored llama.cpp is what we compare against
 TARGETS = ("llama-server", "llama-bench", "llama-tokenize", "llama-cli")
 # GGML_NATIVE's -march=native turns AMX on for AMX CPUs whatever GGML_AMX_* say (those apply only
@@ -60,13 +62,8 @@ def _log(msg: str) -> None:
     print(f"llama.cpp: {msg}", file=sys.stderr, flush=True)
 
 
-def cache_root() -> Path:
-    env = os.environ.get("GOINFER_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "goinfer"
-
-
 def version_dir(version: str = VERSION, cache: Path | None = None) -> Path:
-    return (cache or cache_root()) / "llama.cpp" / version
+    return cache_folder("llama.cpp", cache) / version
 
 
 def _complete(bin_dir: Path) -> bool:
@@ -75,13 +72,13 @@ def _complete(bin_dir: Path) -> bool:
 
 def _search_dirs(cache: Path | None = None) -> list[Path]:
     """bin/ folders to look in: the pinned version first, then other cached versions, newest first."""
-    root = (cache or cache_root()) / "llama.cpp"
+    root = cache_folder("llama.cpp", cache)
     dirs = [version_dir(VERSION, cache) / "bin"]
     if root.is_dir():
         others = [p / "bin" for p in root.iterdir() if p.name != VERSION]
         dirs += sorted(others, key=lambda p: p.stat().st_mtime if p.exists() else 0, reverse=True)
     dirs += sorted(
-        (cache or cache_root()).glob("dl/llama_cpp_python-*/vendor/llama.cpp/build/bin"), reverse=True
+        cache_folder("dl", cache).glob("llama_cpp_python-*/vendor/llama.cpp/build/bin"), reverse=True
     )
     return dirs
 
@@ -195,7 +192,7 @@ def build(version: str = VERSION, cache: Path | None = None, jobs: int | None = 
         return bin_dir
     # A finished build inside an already extracted sdist (an earlier manual run): take it as is.
     for done in sorted(
-        (cache or cache_root()).glob(f"dl/llama_cpp_python-{version}/vendor/llama.cpp/build/bin")
+        cache_folder("dl", cache).glob(f"llama_cpp_python-{version}/vendor/llama.cpp/build/bin")
     ):
         if _complete(done):
             return adopt(done, version, cache)

@@ -9,4 +9,4 @@ bash ci/setup.sh
 venv="${GOINFER_VENV:-$HOME/.cache/goinfer/venv}"
 export PATH="$venv/bin:$PATH"
 
-exec goinfer serve --model qwen2.5-coder-0.5b --addr 127.0.0.1:8080 "$@"
+exec goinfer serve --addr 127.0.0.1:8080 "$@"

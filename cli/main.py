@@ -156,9 +156,6 @@ def generate(
         _fail(str(e))
 
 
-DEFAULT_SERVE_MODEL = "qwen2.5-coder-0.5b"  # the zoo's default (compiler.sources.zoo.DEFAULT_MODEL)
-
-
 @main.command()
 @click.option(
     "--model",
@@ -166,7 +163,7 @@ DEFAULT_SERVE_MODEL = "qwen2.5-coder-0.5b"  # the zoo's default (compiler.source
     multiple=True,
     metavar="[NAME=]PATH",
     help="a .giw, a .gguf or a zoo name, optionally named; repeat to serve several "
-    f"(default: {DEFAULT_SERVE_MODEL})",
+    "(default: the zoo's default model)",
 )
 @click.option("--addr", default="127.0.0.1:8080", show_default=True, help="HOST:PORT to listen on")
 @click.option(
@@ -231,7 +228,9 @@ def serve(
         context = server.ssl_context(config)
         load = _engine_loader(quant, no_selftest)
         engines = {}
-        for name, ref in _model_specs(models or (DEFAULT_SERVE_MODEL,)):
+        from goinfer.compiler.sources.zoo import DEFAULT_MODEL
+
+        for name, ref in _model_specs(models or (DEFAULT_MODEL,)):
             engines[name] = load(name, ref, None)
     except ValueError as e:  # bad --addr/--model, exposure, TLS files, and the loader's reasons
         _fail(str(e))
@@ -275,17 +274,16 @@ def _engine_loader(default_quant: str, no_selftest: bool):
 @click.option("--verify", is_flag=True, help="hash every blob too")
 def inspect(bundle: str, as_json: bool, verify: bool) -> None:
     """Show a bundle's manifest."""
-    from goinfer.artifacts import giw
+    from goinfer.artifacts import giw, manifest
 
     try:
         with giw.open_bundle(bundle, verify="full" if verify else "none") as b:
             if as_json:
-                manifest = dict(b.manifest)
-                if "tokenizer" in manifest:  # bundles that kept it as a string: too long to print
-                    manifest["tokenizer"] = f"<{len(manifest['tokenizer'])} bytes of tokenizers JSON>"
-                click.echo(json.dumps(manifest, indent=2, sort_keys=True))
+                # The typed manifest (checked as the runtime checks it), then the container's tables.
+                body = {**manifest.Manifest.of(b).to_json(), **{k: b.manifest[k] for k in giw.RESERVED_KEYS}}
+                click.echo(json.dumps(body, indent=2, sort_keys=True))
             else:
-                click.echo(giw.describe(b))
+                click.echo(manifest.describe(b))
     except _user_errors() as e:
         _fail(str(e))
 
@@ -310,13 +308,13 @@ def check(hardware: bool, bundle: str | None) -> None:
 
 
 def _self_test_bundle(path: str) -> list[tuple[str, str]]:
-    from goinfer.artifacts import giw
+    from goinfer.artifacts import cache, giw, manifest
     from goinfer.runtime import selftest
 
     with giw.open_bundle(path, verify="once") as b:
-        chosen, result = selftest.choose_tier(b, giw.default_cache_dir() / "libs")
-        names = [t["tier"] for t in b.manifest.get("cpu_tiers", [])]
-    return [(t, _tier_state(t, chosen.get("tier"), result.stepped_down)) for t in names]
+        m = manifest.Manifest.of(b)
+        chosen, result = selftest.choose_tier(b, m, cache.folder("libs"))
+    return [(t.tier, _tier_state(t.tier, chosen.tier, result.stepped_down)) for t in m.cpu_tiers]
 
 
 def _self_test_fresh() -> list[tuple[str, str]]:

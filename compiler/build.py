@@ -11,7 +11,7 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
-from goinfer.artifacts import giw
+from goinfer.artifacts import giw, manifest
 
 from . import __version__
 from .sources import load_checkpoint
@@ -21,6 +21,9 @@ Progress = Callable[[str], None]
 
 TARGETS = ("llvm",)  # cuda and metal lower through the same pipeline once their schedules exist
 PAGE_SIZE = 16  # the attention kernels are built for it (lower/attention.py)
+# The longest prefill chunk: the KV cache sizes its per-forward buffers from it, and a chunk's
+# activations grow with it. Longer prompts run in several chunks.
+MAX_PREFILL_CHUNK = 2048
 
 
 @dataclass(frozen=True)
@@ -109,18 +112,17 @@ def build(
     if missing:
         raise BuildError(f"internal: no packed weight for parameters {missing[:3]}")
     st_tensors, st_manifest = selftest.tensors_and_manifest(fixtures)
-    manifest = _manifest(ckpt, options, schemes, param_order, compiled.target)
-    manifest["cpu_tiers"] = [
-        {"tier": tier, "module": key, "selftest": f"selftest@{tier}", "target": c.target}
+    cpu_tiers = [
+        manifest.CpuTier(tier=tier, module=key, selftest=f"selftest@{tier}", target=c.target)
         for tier, key, c, _st in compiled_tiers
     ]
-    manifest["selftest"] = st_manifest
+    contract = _manifest(ckpt, options, schemes, param_order, cpu_tiers, _selftest(st_manifest))
     modules = []
     for tier, key, c, st in compiled_tiers:
         modules += [(key, c.target, c.library), (f"selftest@{tier}", c.target, st)]
     info = giw.write_bundle(
         output,
-        manifest,
+        contract.to_json(),
         [*((name, tensors[name]) for name in param_order), *st_tensors, _tokenizer_tensor(ckpt)],
         modules,
     )
@@ -190,35 +192,47 @@ def _tokenizer_tensor(ckpt: Checkpoint) -> tuple[str, np.ndarray]:
     return TOKENIZER_TENSOR, np.frombuffer(ckpt.tokenizer_json.encode("utf-8"), np.uint8)
 
 
+def kv_cache(spec: manifest.ModelSpec) -> manifest.KVCache:
+    """The cache's layout and the prefill chunk: the runtime creates the cache for this chunk and
+    cuts every prompt to it, so a prompt of any length up to the window fits."""
+    # Windowed layers are exact only when a chunk is shorter than the window: TVM's ragged prefill
+    # kernel applies no window within a chunk.
+    limit = spec.sliding_window - 1 if spec.sliding_window else spec.context_length
+    return manifest.KVCache(page_size=PAGE_SIZE, prefill_chunk=max(1, min(MAX_PREFILL_CHUNK, limit)))
+
+
+def _selftest(d: dict[str, Any]) -> manifest.SelfTest:
+    cases = tuple(
+        manifest.SelfTestCase(kernel=c["kernel"], inputs=tuple(c["inputs"]), want=c["want"])
+        for c in d["cases"]
+    )
+    return manifest.SelfTest(tolerance=float(d["tolerance"]), cases=cases)
+
+
 def _manifest(
     ckpt: Checkpoint,
     options: BuildOptions,
     schemes: dict[str, str],
     param_order: list[str],
-    target: dict[str, Any],
-) -> dict[str, Any]:
+    cpu_tiers: list[manifest.CpuTier],
+    selftest: manifest.SelfTest,
+) -> manifest.Manifest:
     import tvm
 
-    spec = ckpt.spec
-    # Windowed layers are exact only when a prefill chunk is shorter than the window (TVM's
-    # ragged prefill kernel applies no window within a chunk), so the runtime chunks to this.
-    chunk = spec.sliding_window - 1 if spec.sliding_window else 0
-    return {
-        "goinfer_version": __version__,
-        "tvm_version": tvm.__version__,
-        "family": spec.family,
-        "spec": spec.to_json(),
-        "context_length": spec.context_length,
-        "quant": options.quant,
-        "weight_schemes": schemes,
-        "tokenizer_tensor": TOKENIZER_TENSOR,
-        "chat_template": ckpt.chat_template,
-        "chat_template_origin": ckpt.chat_template_origin,
-        "tokens": {"bos_id": spec.bos_id, "add_bos": spec.add_bos, "stop_ids": list(spec.eos_ids)},
-        "params": param_order,
-        "entry_points": ["prefill", "prefill_all", "decode", "create_kv_cache"],
-        "forward_input": "token_ids",
-        "kv_cache": {"page_size": PAGE_SIZE, "max_prefill_chunk": chunk, "dtype": "float32"},
-        "source": {"ref": Path(ckpt.source).name, "sha256": ckpt.sha256},
-        "build": {"target": options.target, "target_config": target, "quant": options.quant},
-    }
+    return manifest.Manifest(
+        goinfer_version=__version__,
+        tvm_version=tvm.__version__,
+        model=ckpt.spec,
+        tokens=ckpt.tokens,
+        tokenizer_tensor=TOKENIZER_TENSOR,
+        chat_template=ckpt.chat_template,
+        chat_template_origin=ckpt.chat_template_origin,
+        params=tuple(param_order),
+        weight_schemes=schemes,
+        kv_cache=kv_cache(ckpt.spec),
+        entry_points=manifest.ENTRY_POINTS,
+        cpu_tiers=tuple(cpu_tiers),
+        selftest=selftest,
+        source=manifest.Source(ref=Path(ckpt.source).name, sha256=ckpt.sha256),
+        build=manifest.Build(target=options.target, quant=options.quant),
+    )

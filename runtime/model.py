@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from goinfer.artifacts import giw
+from goinfer.artifacts import cache, giw
+from goinfer.artifacts.manifest import Manifest
 from tokenizers import Tokenizer
 
 from . import selftest
@@ -39,57 +40,56 @@ def _release_freed_heap() -> None:
             ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-def tokenizer_json(bundle: giw.Bundle) -> str:
-    """The bundle's tokenizers JSON: a byte tensor the manifest names, or (bundles built before
-    it moved out of the manifest) a manifest string."""
-    m = bundle.manifest
-    if "tokenizer_tensor" not in m:
-        if not isinstance(m.get("tokenizer"), str):
-            raise giw.BundleError(f"bundle {bundle.path} has no tokenizer")
-        return m["tokenizer"]
-    name = m["tokenizer_tensor"]
-    if name not in bundle.tensor_names():
-        raise giw.BundleError(f"bundle {bundle.path}: no tokenizer tensor {name!r}, which its manifest names")
+def tokenizer_json(bundle: giw.Bundle, m: Manifest) -> str:
+    """The bundle's tokenizers JSON, decoded straight from the mapped tensor (no copy)."""
     try:
-        return str(bundle.tensor(name).data, "utf-8")  # decoded straight from the mapping, no copy
+        return str(bundle.tensor(m.tokenizer_tensor).data, "utf-8")
     except UnicodeDecodeError as e:
-        raise giw.BundleError(f"bundle {bundle.path}: tokenizer tensor {name!r} is not UTF-8 ({e})") from None
+        raise giw.BundleError(
+            f"bundle {bundle.path}: tokenizer tensor {m.tokenizer_tensor!r} is not UTF-8 ({e})"
+        ) from None
+
+
+# prefill_logits hands back at most this many bytes of logits a chunk: every position's logits of a
+# long prompt at once would be tokens x vocab floats (6 GB for 10k tokens of Qwen's 152k vocabulary).
+LOGITS_CHUNK_BYTES = 64 << 20
 
 
 class Model:
     def __init__(
-        self, bundle: giw.Bundle, vm, params, tokenizer: Tokenizer, tokenizer_text: str, load_seconds: float
+        self,
+        bundle: giw.Bundle,
+        manifest: Manifest,
+        vm,
+        params,
+        tokenizer: Tokenizer,
+        tokenizer_text: str,
+        load_seconds: float,
     ):
         self.bundle, self.vm, self.params, self.tokenizer = bundle, vm, params, tokenizer
-        m = bundle.manifest
-        self.manifest: dict[str, Any] = m
-        self.spec: dict[str, Any] = m["spec"]
-        self.hidden = int(self.spec["hidden_size"])
-        self.context_length = int(m["context_length"])
-        self.stop_ids = frozenset(m["tokens"]["stop_ids"])
-        self.bos_id = m["tokens"]["bos_id"]
-        self.add_bos = bool(m["tokens"]["add_bos"])
-        self.chat_template: str = m["chat_template"]
-        kvc = m["kv_cache"]
-        self.page_size = int(kvc["page_size"])
-        self.max_prefill_chunk = int(kvc["max_prefill_chunk"]) or self.context_length
+        self.manifest = manifest
+        self.spec = manifest.model
+        self.context_length = manifest.context_length
+        self.stop_ids = frozenset(manifest.tokens.stop_ids)
+        self.bos_id = manifest.tokens.bos_id
+        self.add_bos = manifest.tokens.add_bos
+        self.chat_template = manifest.chat_template
+        self.prefill_chunk = manifest.kv_cache.prefill_chunk
         self.load_seconds = load_seconds
         self.tier: str | None = None  # the CPU ISA tier the self-test chose
         self.self_test: selftest.SelfTestResult | None = None
         self._kv = None
         self._kv_len = 0  # tokens of sequence 0 held in the cache
-        # Bundles built before the entry points took token ids have an `embed` entry, and their
-        # entry points hand back (logits, cache).
-        self._ids_in = m.get("forward_input") == "token_ids"
+        forwards = [e for e in manifest.entry_points if e != "create_kv_cache"]
         try:
-            self._entry = {name: vm[name] for name in m["entry_points"] if name != "create_kv_cache"}
+            self._entry = {name: vm[name] for name in forwards}
         except AttributeError as e:  # tvm_ffi's answer for a function the module lacks
             raise giw.BundleError(f"bundle {bundle.path}: {e}") from None
         # A decode step's input: one token id, written into the same tensor every step (a fresh
         # aligned array a step cost ~80 us on the cold cache a step leaves behind, measured)
         self._token, self._token_tensor = rt.scalar_int32()
         # llguidance's view of the tokenizer, for constrained decoding; built when first started.
-        self.grammar = GrammarTokenizer(tokenizer_text, int(self.spec["vocab_size"]), self.stop_ids)
+        self.grammar = GrammarTokenizer(tokenizer_text, self.spec.vocab_size, self.stop_ids)
 
     # -- loading -------------------------------------------------------------------------
     @classmethod
@@ -101,31 +101,27 @@ class Model:
         self_test: bool | None = None,
     ) -> Model:
         """Map a bundle and pick its CPU tier by the startup self-test (`self_test=False` or
-        GOINFER_NO_SELFTEST=1 skips it and trusts the best tier)."""
+        GOINFER_NO_SELFTEST=1 skips it and trusts the best tier). `cache_dir` is the cache root."""
         t0 = time.perf_counter()
-        bundle = giw.open_bundle(path, verify=verify, private=True)
-        vm, tier, result = cls._load_kernels(bundle, path, cache_dir, self_test)
-        params = rt.tensor_list([rt.wrap(bundle.tensor(name)) for name in bundle.manifest["params"]])
+        bundle = giw.open_bundle(path, verify=verify, cache_dir=cache_dir, private=True)
+        try:
+            m = Manifest.of(bundle)
+        except giw.BundleError:
+            bundle.close()
+            raise
+        lib_dir = cache.folder("libs", cache_dir)
+        enabled = not selftest.disabled_by_env() if self_test is None else self_test
+        tier, result = selftest.choose_tier(bundle, m, lib_dir, enabled)
+        vm = rt.load_vm(str(bundle.extract_module(tier.module, lib_dir)))
+        params = rt.tensor_list([rt.wrap(bundle.tensor(name)) for name in m.params])
         # The slowest step of a load (~0.5 s for Qwen's 151k-token vocabulary). It holds the GIL
         # throughout, so a thread beside the kernel load gains nothing (measured).
-        text = tokenizer_json(bundle)
+        text = tokenizer_json(bundle, m)
         tokenizer = Tokenizer.from_str(text)
         _release_freed_heap()
-        model = cls(bundle, vm, params, tokenizer, text, time.perf_counter() - t0)
-        model.tier, model.self_test = tier.get("tier"), result
+        model = cls(bundle, m, vm, params, tokenizer, text, time.perf_counter() - t0)
+        model.tier, model.self_test = tier.tier, result
         return model
-
-    @staticmethod
-    def _load_kernels(bundle: giw.Bundle, path: str | Path, cache_dir: Path | None, self_test: bool | None):
-        modules = bundle.module_keys()
-        if "llvm" not in modules:
-            raise giw.BundleError(
-                f"bundle {path} has no CPU (llvm) module; it has: {', '.join(modules) or 'none'}"
-            )
-        lib_dir = (cache_dir or giw.default_cache_dir()) / "libs"
-        enabled = not selftest.disabled_by_env() if self_test is None else self_test
-        tier, result = selftest.choose_tier(bundle, lib_dir, enabled)
-        return rt.load_vm(str(bundle.extract_module(tier["module"], lib_dir))), tier, result
 
     # -- tokens --------------------------------------------------------------------------
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
@@ -157,9 +153,9 @@ class Model:
     # -- forward passes (sequence 0; the server's batching builds on these) ---------------
     def _ensure_kv(self) -> None:
         if self._kv is None:
-            self._kv = rt.create_kv_cache(
-                self.vm, 1, self.context_length, min(self.max_prefill_chunk, 2048), self.page_size
-            )
+            # Created for the manifest's prefill chunk: no forward pass may feed more tokens.
+            kvc = self.manifest.kv_cache
+            self._kv = rt.create_kv_cache(self.vm, 1, self.context_length, kvc.prefill_chunk, kvc.page_size)
             rt.add_sequence(self._kv, 0)
 
     def reset(self) -> None:
@@ -172,36 +168,42 @@ class Model:
         if len(ids) == 1:
             self._token[0] = ids[0]
             x = self._token_tensor
+            fn = "decode"  # one token: the decode graph, whatever was asked
         else:
             x = rt.int32_tensor(ids)
         rt.begin_forward(self._kv, [0], [len(ids)])
-        if self._ids_in:
-            logits = self._entry[fn](x, self._kv, self.params)
-        else:
-            emb = rt.reshape(self._entry["embed"](x, self.params), (1, len(ids), self.hidden))
-            logits, self._kv = self._entry[fn](emb, self._kv, self.params)
+        logits = self._entry[fn](x, self._kv, self.params)
         rt.end_forward(self._kv)
         self._kv_len += len(ids)
         return rt.to_numpy(logits)[0]
 
-    def prefill(self, ids: list[int], all_logits: bool = False) -> np.ndarray:
-        """Feed a prompt; returns the last position's logits (vocab,), or every position's (n, vocab)."""
-        self._ensure_kv()
-        self.reset()
+    def _chunks(self, ids: list[int], size: int) -> Iterator[list[int]]:
+        """A fresh sequence 0, then `ids` in pieces of at most `size` tokens, each fed as it is taken."""
         if len(ids) > self.context_length:
             raise ValueError(f"prompt has {len(ids)} tokens; the context window is {self.context_length}")
-        outs = []
-        # Chunked so windowed layers stay exact (see kv_cache.max_prefill_chunk in FORMAT.md).
-        for s in range(0, len(ids), self.max_prefill_chunk):
-            chunk = ids[s : s + self.max_prefill_chunk]
-            last = s + len(chunk) >= len(ids)
-            if all_logits:
-                outs.append(self._forward(chunk, "prefill_all" if len(chunk) > 1 else "decode"))
-            else:
-                out = self._forward(chunk, "prefill" if len(chunk) > 1 else "decode")
-                if last:
-                    outs.append(out)
-        return np.concatenate(outs, axis=0) if all_logits else outs[-1][-1]
+        self._ensure_kv()
+        self.reset()
+        for s in range(0, len(ids), size):
+            yield ids[s : s + size]
+
+    def prefill(self, ids: list[int]) -> np.ndarray:
+        """Feed a prompt of any length up to the window; returns the last position's logits (vocab,)."""
+        out = None
+        for chunk in self._chunks(ids, self.prefill_chunk):
+            out = self._forward(chunk, "prefill")
+        if out is None:
+            raise ValueError("empty prompt")
+        return out[-1]
+
+    def prefill_logits(self, ids: list[int]) -> Iterator[np.ndarray]:
+        """Feed a prompt; yields every position's logits, (n, vocab) a piece, in order.
+
+        Pieces stay under LOGITS_CHUNK_BYTES, so scoring a long text never holds its whole
+        tokens x vocab logits at once.
+        """
+        rows = max(1, min(self.prefill_chunk, LOGITS_CHUNK_BYTES // (4 * self.spec.vocab_size)))
+        for chunk in self._chunks(ids, rows):
+            yield self._forward(chunk, "prefill_all")
 
     def decode_step(self, token_id: int) -> np.ndarray:
         if self._kv_len >= self.context_length:

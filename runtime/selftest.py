@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 from goinfer.artifacts import giw
+from goinfer.artifacts.manifest import CpuTier, Manifest
 
 from . import tvm_runtime as rt
 
@@ -42,7 +43,7 @@ class SelfTestResult:
 
 
 RESULTS: list[SelfTestResult] = []  # every self-test this process ran (GET /health reports them)
-_DONE: dict[str, tuple[dict[str, Any], SelfTestResult]] = {}  # by bundle sha: once per process
+_DONE: dict[str, tuple[CpuTier, SelfTestResult]] = {}  # by bundle sha: once per process
 
 
 def disabled_by_env() -> bool:
@@ -68,29 +69,27 @@ def check_library(
     return bad
 
 
-def _check_tier(bundle: giw.Bundle, tier: dict[str, Any], lib_dir: Path) -> list[dict[str, Any]]:
+def _check_tier(bundle: giw.Bundle, m: Manifest, tier: CpuTier, lib_dir: Path) -> list[dict[str, Any]]:
     """The fixtures this tier of the bundle gets wrong (empty: it passes)."""
-    spec = bundle.manifest["selftest"]
     cases = [
-        (c["kernel"], [bundle.tensor(n) for n in c["inputs"]], bundle.tensor(c["want"]))
-        for c in spec["cases"]
+        (c.kernel, [bundle.tensor(n) for n in c.inputs], bundle.tensor(c.want)) for c in m.selftest.cases
     ]
-    lib = bundle.extract_module(tier["selftest"], lib_dir)
-    return check_library(str(lib), tier["tier"], cases, float(spec["tolerance"]))
+    lib = bundle.extract_module(tier.selftest, lib_dir)
+    return check_library(str(lib), tier.tier, cases, m.selftest.tolerance)
 
 
 def choose_tier(
     bundle: giw.Bundle,
+    m: Manifest,
     lib_dir: Path,
     enabled: bool = True,
     warn: Callable[[str], None] = _warn,
-    check: Callable[[giw.Bundle, dict[str, Any], Path], list[dict[str, Any]]] | None = None,
-) -> tuple[dict[str, Any], SelfTestResult]:
+    check: Callable[[giw.Bundle, Manifest, CpuTier, Path], list[dict[str, Any]]] | None = None,
+) -> tuple[CpuTier, SelfTestResult]:
     """The CPU tier to run this bundle's model on, and the self-test's result."""
-    tiers = bundle.manifest.get("cpu_tiers") or [{"tier": None, "module": "llvm"}]
-    if not enabled or "selftest" not in bundle.manifest:
-        reason = "disabled (--no-selftest)" if not enabled else "the bundle carries no self-test"
-        result = SelfTestResult("cpu", "skipped", tiers[0]["tier"], 0.0, reason=reason)
+    tiers = m.cpu_tiers
+    if not enabled:
+        result = SelfTestResult("cpu", "skipped", tiers[0].tier, 0.0, reason="disabled (--no-selftest)")
         RESULTS.append(result)
         return tiers[0], result
     if bundle.header_sha256 in _DONE:
@@ -102,16 +101,16 @@ def choose_tier(
     stepped: list[str] = []
     chosen = None
     for i, tier in enumerate(tiers):
-        bad = check(bundle, tier, lib_dir)
+        bad = check(bundle, m, tier, lib_dir)
         if not bad:
             chosen = tier
             break
         mismatches += bad
-        stepped.append(tier["tier"])
+        stepped.append(tier.tier)
         worst = max(bad, key=lambda b: b["observed"])
-        nxt = tiers[i + 1]["tier"] if i + 1 < len(tiers) else None
+        nxt = tiers[i + 1].tier if i + 1 < len(tiers) else None
         warn(
-            f"WARN: self-test: {worst['kernel']} on CPU tier {tier['tier']}: relative error "
+            f"WARN: self-test: {worst['kernel']} on CPU tier {tier.tier}: relative error "
             f"{worst['observed']:.3g} > {worst['allowed']:.0e}; "
             + (f"stepping down to {nxt}" if nxt else "no lower tier left")
         )
@@ -119,7 +118,7 @@ def choose_tier(
     status = (
         "pass" if chosen is not None and not stepped else "repaired" if chosen is not None else "declined"
     )
-    result = SelfTestResult("cpu", status, chosen["tier"] if chosen else None, ms, mismatches, stepped)
+    result = SelfTestResult("cpu", status, chosen.tier if chosen else None, ms, mismatches, stepped)
     RESULTS.append(result)
     if chosen is None:
         raise SelfTestError(

@@ -18,8 +18,7 @@ class ModelEngine:
     def __init__(self, model: Model, path: str | Path):
         self.model: Model | None = model
         m = model.manifest
-        build = m.get("build", {})
-        quant, target = str(m.get("quant", build.get("quant", "?"))), str(build.get("target", "llvm"))
+        quant, target = m.quant, m.build.target
         where = f"{target}/{model.tier}" if model.tier else target
         self.info = ModelInfo(
             path=str(path),
@@ -27,9 +26,9 @@ class ModelEngine:
             target=where,
             context_window=model.context_length,
             decode_path=f"{where} {quant} decode (one token per step)",
-            prefill_path=f"{where} {quant} prefill (chunks of {model.max_prefill_chunk} tokens)",
-            family=str(m.get("family", "")),
-            vocab_size=int(model.spec.get("vocab_size", 0)),
+            prefill_path=f"{where} {quant} prefill (chunks of {m.kv_cache.prefill_chunk} tokens)",
+            family=m.family,
+            vocab_size=m.model.vocab_size,
             chat_template=model.chat_template,
         )
         # llguidance's tokenizer view takes ~1.7 s for a 152k vocabulary: built now, off the request path.

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from tiny_gguf import write_tiny_gguf
+from tiny_gguf import rewrite_gguf, write_tiny_gguf
 
 
 def _null(_msg: str) -> None:
@@ -25,13 +25,17 @@ def _null(_msg: str) -> None:
 
 @pytest.fixture(scope="session")
 def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
-    made: dict[tuple[str, str], Path] = {}
+    made: dict[tuple[str, str, int | None], Path] = {}
 
-    def make(family: str, tensor_type: str = "F32") -> Path:
-        key = (family, tensor_type)
+    def make(family: str, tensor_type: str = "F32", context: int | None = None) -> Path:
+        """`context` replaces the tiny models' 256-token window (long-prompt tests)."""
+        key = (family, tensor_type, context)
         if key not in made:
             path = tmp_path_factory.mktemp("gguf") / f"tiny-{family}-{tensor_type}.gguf"
             made[key] = write_tiny_gguf(path, family, seed=0, tensor_type=tensor_type)
+            if context is not None:
+                longer = path.with_name(f"tiny-{family}-{tensor_type}-ctx{context}.gguf")
+                made[key] = rewrite_gguf(path, longer, set_keys={f"{family}.context_length": context})
         return made[key]
 
     return make
@@ -43,13 +47,14 @@ def tiny_bundle(
 ) -> Callable[..., Path]:
     from goinfer.compiler.build import BuildOptions, build
 
-    made: dict[tuple[str, str, str], Path] = {}
+    made: dict[tuple[str, str, str, int | None], Path] = {}
 
-    def make(family: str, quant: str = "f32", tensor_type: str = "F32") -> Path:
-        key = (family, quant, tensor_type)
+    def make(family: str, quant: str = "f32", tensor_type: str = "F32", context: int | None = None) -> Path:
+        key = (family, quant, tensor_type, context)
         if key not in made:
             out = tmp_path_factory.mktemp("giw") / f"tiny-{family}-{quant}-{tensor_type}.giw"
-            build(tiny_gguf(family, tensor_type), out, BuildOptions(quant=quant, num_cores=2), progress=_null)
+            source = tiny_gguf(family, tensor_type, context)
+            build(source, out, BuildOptions(quant=quant, num_cores=2), progress=_null)
             made[key] = out
         return made[key]
 

@@ -23,19 +23,29 @@ def test_rebuild_is_byte_identical_and_reuses_the_module(tiny_gguf, tmp_path: Pa
 
 
 def test_manifest_records_source_and_flags(tiny_bundle, tiny_gguf) -> None:
-    from goinfer.artifacts import giw
-    from goinfer.compiler.sources.gguf_file import file_sha256
+    from goinfer.artifacts import cache, giw
+    from goinfer.artifacts.manifest import Manifest, Source
 
     with giw.open_bundle(tiny_bundle("llama", "int8int8"), verify="full") as b:
-        m = b.manifest
-        assert m["source"] == {"ref": tiny_gguf("llama").name, "sha256": file_sha256(tiny_gguf("llama"))}
-        assert m["build"]["quant"] == "int8int8" and m["build"]["target_config"]["kind"] == "llvm"
-        assert "-amx-tile" in m["build"]["target_config"]["mattr"]
-        assert m["tvm_version"] and m["goinfer_version"]
+        m = Manifest.of(b)
+        assert m.source == Source(tiny_gguf("llama").name, cache.sha256_file(tiny_gguf("llama")))
+        assert m.build.quant == "int8int8" and m.build.target == "llvm"
+        assert m.cpu_tiers[0].target["kind"] == "llvm" and "-amx-tile" in m.cpu_tiers[0].target["mattr"]
+        assert m.tvm_version and m.goinfer_version
         # every other tensor is a self-test fixture or the tokenizer, never a weight
-        assert m["tokenizer_tensor"] == "tokenizer.json" and "tokenizer" not in m
-        others = {n for n in b.tensor_names() if n.startswith("selftest.") or n == m["tokenizer_tensor"]}
-        assert set(m["params"]) == set(b.tensor_names()) - others
+        others = {n for n in b.tensor_names() if n.startswith("selftest.") or n == m.tokenizer_tensor}
+        assert set(m.params) == set(b.tensor_names()) - others
+
+
+def test_the_prefill_chunk_is_always_a_concrete_number() -> None:
+    from goinfer.artifacts.manifest import ModelSpec
+    from goinfer.compiler.build import MAX_PREFILL_CHUNK, kv_cache
+
+    spec = ModelSpec("llama", 8, 4, 8, 1, 1, 1, 4, context_length=32768, norm_eps=1e-5, rope_theta=1e4)
+    assert kv_cache(spec).prefill_chunk == MAX_PREFILL_CHUNK  # was 0 ("the whole window")
+    assert kv_cache(spec.__class__(**{**spec.__dict__, "context_length": 256})).prefill_chunk == 256
+    windowed = spec.__class__(**{**spec.__dict__, "sliding_window": 512})
+    assert kv_cache(windowed).prefill_chunk == 511  # shorter than the window: windowed layers stay exact
 
 
 def test_int4mix_keeps_the_source_precision_mix(tiny_bundle) -> None:
@@ -64,25 +74,17 @@ def test_weights_are_mapped_zero_copy(tiny_bundle) -> None:
 def test_tokenizer_json_reads_the_byte_tensor_and_refuses_a_bad_one(tmp_path) -> None:
     from goinfer.artifacts import giw
     from goinfer.runtime.model import tokenizer_json
+    from test_manifest import sample
 
     text = '{"model": {"type": "BPE", "vocab": {"é": 0, "漢": 1}}}'
+    m = sample()
 
-    def bundle(manifest: dict, tensors: list) -> giw.Bundle:
+    def bundle(data: bytes) -> giw.Bundle:
         path = tmp_path / f"b{len(list(tmp_path.iterdir()))}.giw"
-        giw.write_bundle(path, manifest, tensors)
+        giw.write_bundle(path, m.to_json(), [(m.tokenizer_tensor, np.frombuffer(data, np.uint8))])
         return giw.open_bundle(path, verify="full")
 
-    as_bytes = np.frombuffer(text.encode("utf-8"), np.uint8)
-    with bundle({"tokenizer_tensor": "tokenizer.json"}, [("tokenizer.json", as_bytes)]) as b:
-        assert tokenizer_json(b) == text
-    with bundle({"tokenizer": text}, []) as b:  # built before the JSON moved out of the manifest
-        assert tokenizer_json(b) == text
-    missing = bundle({"tokenizer_tensor": "tokenizer.json"}, [])
-    with missing as b, pytest.raises(giw.BundleError, match=r"no tokenizer tensor 'tokenizer\.json'"):
-        tokenizer_json(b)
-    with bundle({}, []) as b, pytest.raises(giw.BundleError, match="has no tokenizer"):
-        tokenizer_json(b)
-    not_utf8 = np.frombuffer(b"\xff{}", np.uint8)
-    bad = bundle({"tokenizer_tensor": "tokenizer.json"}, [("tokenizer.json", not_utf8)])
-    with bad as b, pytest.raises(giw.BundleError, match="is not UTF-8"):
-        tokenizer_json(b)
+    with bundle(text.encode("utf-8")) as b:
+        assert tokenizer_json(b, m) == text
+    with bundle(b"\xff{}") as b, pytest.raises(giw.BundleError, match="is not UTF-8"):
+        tokenizer_json(b, m)

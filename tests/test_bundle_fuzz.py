@@ -16,7 +16,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from goinfer.artifacts.giw import BundleError, describe, open_bundle, write_bundle
+from goinfer.artifacts.giw import BundleError, open_bundle, write_bundle
+from goinfer.artifacts.manifest import describe
+from test_manifest import sample
 
 ITERATIONS = 400
 SEED = 20240601
@@ -28,9 +30,13 @@ def _bundle(path: Path) -> bytes:
         ("q", np.arange(40, dtype=np.uint8)),
         ("s", np.float16(0.5)),
         ("e", np.zeros((0, 5), np.int32)),
+        ("tokenizer.json", np.frombuffer(b'{"model": {}}', np.uint8)),
+        ("st.in0", np.ones(3, np.float32)),
+        ("st.want", np.ones(3, np.float32)),
     ]
-    modules = [("cpu", {"kind": "llvm"}, bytes(range(50)))]
-    write_bundle(path, {"family": "llama", "stop": [1, 2]}, tensors, modules, align=64)  # dense: more hits
+    modules = [("llvm", {"kind": "llvm"}, bytes(range(50))), ("selftest@avx2", {"kind": "llvm"}, b"st")]
+    # The typed manifest, so re-signed manifest edits reach its checks too; dense alignment: more hits.
+    write_bundle(path, sample().to_json(), tensors, modules, align=64)
     return path.read_bytes()
 
 

@@ -97,9 +97,10 @@ def test_inspect_human_and_json(tiny_bundle) -> None:
     human = _run("inspect", bundle)
     assert human.exit_code == 0 and "gemma3" in human.stdout and "int4" in human.stdout
     manifest = json.loads(_run("inspect", bundle, "--json").stdout)
-    assert manifest["family"] == "gemma3" and manifest["quant"] == "int4"
+    assert manifest["model"]["family"] == "gemma3" and manifest["build"]["quant"] == "int4"
     assert manifest["chat_template_origin"].startswith("family default")
     assert manifest["source"]["sha256"] and manifest["build"]["target"] == "llvm"
+    assert manifest["kv_cache"]["prefill_chunk"] > 0 and manifest["tensors"] and manifest["modules"]
 
 
 def test_corrupt_bundle_is_refused(tiny_bundle, tmp_path: Path) -> None:

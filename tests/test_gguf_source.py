@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from gguf import GGUFReader
-from goinfer.compiler.sources.base import SourceError
+from goinfer.compiler.sources.base import Checkpoint, SourceError
 from goinfer.compiler.sources.gguf_file import _unpermute_rows, load_gguf
 from goinfer.compiler.spec import ModelSpec, RopeScaling
 from tiny_gguf import (
@@ -37,8 +37,8 @@ def _ids(family: str) -> dict[str, int]:
 
 
 def test_llama_spec(tiny: dict[str, Path]) -> None:
-    spec = load_gguf(tiny["llama"]).spec
-    ids = _ids("llama")
+    ckpt = load_gguf(tiny["llama"])
+    spec, tokens, ids = ckpt.spec, ckpt.tokens, _ids("llama")
     assert (spec.family, spec.vocab_size, spec.hidden_size) == ("llama", len(ids), 64)
     assert (spec.intermediate_size, spec.num_layers, spec.num_heads) == (128, 2, HEADS)
     assert (spec.num_kv_heads, spec.head_dim) == (KV_HEADS, HEAD_DIM)
@@ -46,21 +46,21 @@ def test_llama_spec(tiny: dict[str, Path]) -> None:
     assert spec.norm_eps == pytest.approx(1e-5)
     assert spec.tie_embeddings and not spec.attention_bias
     # <|im_end|> is the EOS; llama.cpp also stops at <|endoftext|> by its text.
-    assert spec.bos_id == ids["<|im_start|>"]
-    assert spec.eos_ids == (ids["<|im_end|>"], ids["<|endoftext|>"])
-    assert not spec.add_bos
+    assert tokens.bos_id == ids["<|im_start|>"]
+    assert tokens.stop_ids == (ids["<|im_end|>"], ids["<|endoftext|>"])
+    assert not tokens.add_bos
     assert (spec.activation, spec.embed_scale) == ("silu", 1.0)
     assert (spec.sliding_window, spec.sliding_layers) == (0, ())
 
 
 def test_qwen2_spec(tiny: dict[str, Path]) -> None:
-    spec = load_gguf(tiny["qwen2"]).spec
-    ids = _ids("qwen2")
+    ckpt = load_gguf(tiny["qwen2"])
+    spec, tokens, ids = ckpt.spec, ckpt.tokens, _ids("qwen2")
     assert spec.family == "qwen2" and spec.rope_theta == 1e6
     assert not spec.tie_embeddings and spec.attention_bias
-    assert spec.bos_id == ids["<|endoftext|>"]
-    assert spec.eos_ids == (ids["<|im_end|>"], ids["<|endoftext|>"])
-    assert not spec.add_bos and not spec.qk_norm
+    assert tokens.bos_id == ids["<|endoftext|>"]
+    assert tokens.stop_ids == (ids["<|im_end|>"], ids["<|endoftext|>"])
+    assert not tokens.add_bos and not spec.qk_norm
 
 
 def test_gemma3_spec(tiny: dict[str, Path]) -> None:
@@ -74,8 +74,8 @@ def test_gemma3_spec(tiny: dict[str, Path]) -> None:
     assert spec.sliding_layers == (True, True, True, True, True, False)  # every 6th layer is global
     assert spec.rope_local_theta == 10000.0 and spec.rope_theta == 1e6
     assert spec.layer_rope_theta(0) == 10000.0 and spec.layer_rope_theta(5) == 1e6
-    assert spec.tie_embeddings and spec.add_bos and spec.bos_id == ids["<bos>"]
-    assert spec.eos_ids == (ids["<eos>"], ids["<end_of_turn>"])
+    assert spec.tie_embeddings and ckpt.tokens.add_bos and ckpt.tokens.bos_id == ids["<bos>"]
+    assert ckpt.tokens.stop_ids == (ids["<eos>"], ids["<end_of_turn>"])
     assert ckpt.chat_template_origin == "family default: checkpoint has no tokenizer.chat_template"
     assert "<start_of_turn>" in ckpt.chat_template
 
@@ -207,8 +207,12 @@ def test_unusable_checkpoints(
     assert expect in _error(rewrite_gguf(tiny[family], tmp_path / "bad.gguf", **edit))
 
 
+def _ckpt_with(tiny: dict[str, Path], tmp_path: Path, family: str, **edit: object) -> Checkpoint:
+    return load_gguf(rewrite_gguf(tiny[family], tmp_path / "edit.gguf", **edit))  # type: ignore[arg-type]
+
+
 def _spec_with(tiny: dict[str, Path], tmp_path: Path, family: str, **edit: object) -> ModelSpec:
-    return load_gguf(rewrite_gguf(tiny[family], tmp_path / "edit.gguf", **edit)).spec  # type: ignore[arg-type]
+    return _ckpt_with(tiny, tmp_path, family, **edit).spec
 
 
 def test_gemma3_sliding_metadata(tiny: dict[str, Path], tmp_path: Path) -> None:
@@ -237,30 +241,31 @@ def test_rope_scaling(tiny: dict[str, Path], tmp_path: Path) -> None:
         set_keys={"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 4.0},
     )
     assert spec.rope_scaling == RopeScaling(kind="linear", factor=4.0)
-    spec = _spec_with(
-        tiny,
-        tmp_path,
-        "qwen2",
-        set_keys={
-            "qwen2.rope.scaling.type": "yarn",
-            "qwen2.rope.scaling.factor": 4.0,
-            "qwen2.rope.scaling.original_context_length": 64,
-        },
-    )
-    assert spec.rope_scaling == RopeScaling(kind="yarn", factor=4.0, original_context=64)
+    # YaRN is not implemented: refused, never silently run as another model.
+    with pytest.raises(SourceError, match="rope scaling 'yarn' is not supported"):
+        _spec_with(
+            tiny,
+            tmp_path,
+            "qwen2",
+            set_keys={
+                "qwen2.rope.scaling.type": "yarn",
+                "qwen2.rope.scaling.factor": 4.0,
+                "qwen2.rope.scaling.original_context_length": 64,
+            },
+        )
     spec = _spec_with(tiny, tmp_path, "llama", set_keys={"llama.rope.scale_linear": 2.0})
     assert spec.rope_scaling == RopeScaling(kind="linear", factor=2.0)
 
 
 def test_token_defaults_follow_llama_cpp(tiny: dict[str, Path], tmp_path: Path) -> None:
     # Without add_bos_token, SentencePiece vocabularies add BOS and the smollm/qwen2 BPE ones do not.
-    assert _spec_with(tiny, tmp_path, "gemma3", drop=["tokenizer.ggml.add_bos_token"]).add_bos
-    assert not _spec_with(tiny, tmp_path, "llama", drop=["tokenizer.ggml.add_bos_token"]).add_bos
+    assert _ckpt_with(tiny, tmp_path, "gemma3", drop=["tokenizer.ggml.add_bos_token"]).tokens.add_bos
+    assert not _ckpt_with(tiny, tmp_path, "llama", drop=["tokenizer.ggml.add_bos_token"]).tokens.add_bos
     ids = _ids("gemma3")
     eot = {"tokenizer.ggml.eot_token_id": ids["<start_of_turn>"]}
-    spec = _spec_with(tiny, tmp_path, "gemma3", set_keys=eot)
+    tokens = _ckpt_with(tiny, tmp_path, "gemma3", set_keys=eot).tokens
     # An explicit EOT joins the stop set; <end_of_turn> still stops by its text.
-    assert spec.eos_ids == (ids["<eos>"], ids["<start_of_turn>"], ids["<end_of_turn>"])
+    assert tokens.stop_ids == (ids["<eos>"], ids["<start_of_turn>"], ids["<end_of_turn>"])
 
 
 def test_chat_template_default_is_only_a_fallback(tiny: dict[str, Path], tmp_path: Path) -> None:

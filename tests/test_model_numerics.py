@@ -29,7 +29,7 @@ def _run(bundle, prompt_ids: list[int], continuation: list[int]) -> np.ndarray:
     from goinfer.runtime.model import Model
 
     m = Model.load(bundle)
-    rows = [m.prefill(prompt_ids, all_logits=True)]
+    rows = list(m.prefill_logits(prompt_ids))
     rows += [m.decode_step(t)[None] for t in continuation]
     return np.concatenate(rows, axis=0)
 

@@ -15,19 +15,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from gguf import GGUFValueType, GGUFWriter
+from goinfer.artifacts import cache
 from reference import attention_mask, load, reference_logits
 from reference import forward as ref
 from reference.derive import derive_f32_gguf
 
 GOLDENS = Path(__file__).resolve().parent / "goldens"
-MODELS_DIR = Path(os.environ.get("GOINFER_CACHE", Path.home() / ".cache/goinfer")) / "models"
+MODELS_DIR = cache.folder("models")
 NAMES = ("qwen2.5-coder-0.5b", "gemma-3-270m", "smollm2-135m")
 
 # |Δ| = |reference - llama.cpp| in natural-log probability. Measured at recording time (exact math):

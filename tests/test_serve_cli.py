@@ -103,11 +103,9 @@ def test_a_tiny_real_model_serves_what_generate_gives(served, tiny_bundle) -> No
     assert entry["decode_path"].startswith("llvm") and "f32" in entry["decode_path"]
 
 
-def test_the_default_model_is_the_zoo_default() -> None:
-    from goinfer.cli.main import DEFAULT_SERVE_MODEL, _model_specs
-    from goinfer.compiler.sources import zoo
+def test_model_specs_are_named_by_zoo_name_or_stem() -> None:
+    from goinfer.cli.main import _model_specs
 
-    assert DEFAULT_SERVE_MODEL == zoo.DEFAULT_MODEL  # the help text names it without importing the zoo
     assert _model_specs(("smollm2-135m", "x=/m/a.gguf", "/m/b.giw")) == [
         ("smollm2-135m", "smollm2-135m"),
         ("x", "/m/a.gguf"),

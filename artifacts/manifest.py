@@ -1,0 +1,284 @@
+"""The bundle contract: what a .giw manifest says, typed, with each fact in one place.
+
+The compiler builds a `Manifest` and writes `to_json()`; the runtime, the server and `goinfer
+inspect` read `Manifest.from_json(bundle.manifest)` and use attributes. `from_json` refuses a
+manifest with a missing, unknown or mistyped field as a BundleError naming the field, so a bundle
+that loads has every fact the runtime reads.
+
+Family and context length live in `model` only, the quant in `build` only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .giw import FORMAT_VERSION, RESERVED_KEYS, Bundle, BundleError
+
+ENTRY_POINTS = ("prefill", "prefill_all", "decode", "create_kv_cache")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    kind: str = "none"  # "none" | "linear" (YaRN is refused at the source: not implemented)
+    factor: float = 1.0
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Everything the lowering needs to know about a checkpoint: a source fills it in, a model
+    family reads it, and the bundle keeps it verbatim."""
+
+    family: str  # registry key of compiler/models: "llama" | "qwen2" | "gemma3"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    context_length: int
+    norm_eps: float
+    rope_theta: float
+    rope_scaling: RopeScaling = field(default_factory=RopeScaling)
+    tie_embeddings: bool = False
+    attention_bias: bool = False  # qwen2: q/k/v projections carry a bias
+    # Family specifics (defaults are llama's).
+    activation: str = "silu"  # "silu" | "gelu_tanh" (gated MLP either way)
+    embed_scale: float = 1.0  # gemma: sqrt(hidden_size)
+    norm_weight_offset: float = 0.0  # gemma RMSNorm uses (offset + w); GGUF already folds the 1 in
+    qk_norm: bool = False  # gemma3: RMSNorm over each q and k head before RoPE
+    post_norms: bool = False  # gemma3: norms after attention and after the MLP too
+    attn_scale: float = 0.0  # softmax scale; 0 means head_dim ** -0.5 (gemma3: query_pre_attn_scalar ** -0.5)
+    sliding_window: int = 0  # 0: no sliding-window layers
+    sliding_layers: tuple[bool, ...] = ()  # per layer: True where attention is windowed
+    rope_local_theta: float = 0.0  # gemma3: the rope base of the sliding-window layers
+
+    @property
+    def softmax_scale(self) -> float:
+        return self.attn_scale or self.head_dim**-0.5
+
+    def layer_rope_theta(self, layer: int) -> float:
+        if self.sliding_layers and self.sliding_layers[layer] and self.rope_local_theta:
+            return self.rope_local_theta
+        return self.rope_theta
+
+    def to_json(self) -> dict[str, Any]:
+        return _to_json(self)
+
+    @classmethod
+    def from_json(cls, d: Any) -> ModelSpec:
+        return _from_json(cls, d, "model")
+
+
+@dataclass(frozen=True)
+class Tokens:
+    bos_id: int | None
+    add_bos: bool
+    stop_ids: tuple[int, ...]  # EOS and EOT: generation stops at any of them
+
+
+@dataclass(frozen=True)
+class KVCache:
+    page_size: int  # tokens per page: the attention kernels are built for it
+    prefill_chunk: int  # tokens per prefill call: the cache is created for it, prompts are cut to it
+    dtype: str = "float32"
+
+
+@dataclass(frozen=True)
+class CpuTier:
+    tier: str  # "avx512-vnni", "avx2", ...
+    module: str  # the model's module key
+    selftest: str  # the key of this tier's self-test kernels
+    target: Mapping[str, Any]  # the TVM target it was compiled for
+
+
+@dataclass(frozen=True)
+class SelfTestCase:
+    kernel: str
+    inputs: tuple[str, ...]  # tensor names
+    want: str  # tensor name of the expected output
+
+
+@dataclass(frozen=True)
+class SelfTest:
+    tolerance: float  # max |got - want| / max |want|
+    cases: tuple[SelfTestCase, ...]
+
+
+@dataclass(frozen=True)
+class Source:
+    ref: str  # the checkpoint's file name (no directories: builds stay reproducible across hosts)
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Build:
+    target: str  # "llvm", ...
+    quant: str  # the quant mode asked for; `weight_schemes` says what each weight got
+
+
+@dataclass(frozen=True)
+class Manifest:
+    goinfer_version: str
+    tvm_version: str
+    model: ModelSpec
+    tokens: Tokens
+    tokenizer_tensor: str  # the tensor holding the tokenizers JSON (UTF-8 bytes)
+    chat_template: str
+    chat_template_origin: str  # "checkpoint" or "family default: <why>"
+    params: tuple[str, ...]  # tensor names, in the order the entry points take them
+    weight_schemes: Mapping[str, str]  # module path -> scheme name
+    kv_cache: KVCache
+    entry_points: tuple[str, ...]
+    cpu_tiers: tuple[CpuTier, ...]  # best first: the self-test picks the first that passes
+    selftest: SelfTest
+    source: Source
+    build: Build
+
+    def __post_init__(self) -> None:
+        for name, value in (
+            ("model.context_length", self.model.context_length),
+            ("model.vocab_size", self.model.vocab_size),
+            ("kv_cache.page_size", self.kv_cache.page_size),
+            ("kv_cache.prefill_chunk", self.kv_cache.prefill_chunk),
+        ):
+            if value < 1:
+                raise BundleError(f"corrupt manifest: {name} is {value}, not a positive count")
+        if missing := [e for e in ENTRY_POINTS if e not in self.entry_points]:
+            raise BundleError(f"corrupt manifest: entry_points lacks {', '.join(missing)}")
+        if not self.cpu_tiers:
+            raise BundleError("corrupt manifest: cpu_tiers is empty")
+
+    # Facts kept once, read here under the names callers use.
+    @property
+    def family(self) -> str:
+        return self.model.family
+
+    @property
+    def context_length(self) -> int:
+        return self.model.context_length
+
+    @property
+    def quant(self) -> str:
+        return self.build.quant
+
+    def to_json(self) -> dict[str, Any]:
+        return _to_json(self)
+
+    @classmethod
+    def from_json(cls, d: Any) -> Manifest:
+        if isinstance(d, Mapping):
+            d = {k: v for k, v in d.items() if k not in RESERVED_KEYS}  # the container's tables
+        return _from_json(cls, d, "manifest")
+
+    @classmethod
+    def of(cls, bundle: Bundle) -> Manifest:
+        """The bundle's manifest, checked against what the bundle holds."""
+        m = cls.from_json(bundle.manifest)
+        names = set(bundle.tensor_names())
+        needed = [*m.params, m.tokenizer_tensor, *(n for c in m.selftest.cases for n in (*c.inputs, c.want))]
+        if missing := [n for n in needed if n not in names]:
+            raise BundleError(f"bundle {bundle.path}: no tensor {missing[0]!r}, which its manifest names")
+        keys = set(bundle.module_keys())
+        if missing := [k for t in m.cpu_tiers for k in (t.module, t.selftest) if k not in keys]:
+            raise BundleError(f"bundle {bundle.path}: no module {missing[0]!r}, which its manifest names")
+        return m
+
+
+# ------------------------------------------------------------------------------------ (de)serializing
+
+
+def _to_json(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: _to_json(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, tuple):
+        return [_to_json(v) for v in obj]
+    if isinstance(obj, Mapping):
+        return {k: _to_json(v) for k, v in obj.items()}
+    return obj
+
+
+def _from_json(cls: type, d: Any, where: str) -> Any:
+    if not isinstance(d, Mapping):
+        raise BundleError(f"corrupt manifest: {where} is not an object")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    if unknown := sorted(set(d) - set(fields)):
+        raise BundleError(f"corrupt manifest: unknown field {where}.{unknown[0]}")
+    kwargs = {}
+    for name, f in fields.items():
+        if name in d:
+            kwargs[name] = _value(hints[name], d[name], f"{where}.{name}")
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise BundleError(f"corrupt manifest: {where}.{name} is missing")
+    return cls(**kwargs)
+
+
+def _value(tp: Any, v: Any, where: str) -> Any:
+    """`v` read as type `tp` (the few shapes a manifest uses), or a BundleError naming `where`."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if v is None and type(None) in args:
+            return None
+        (tp,) = [a for a in args if a is not type(None)]
+        return _value(tp, v, where)
+    if dataclasses.is_dataclass(tp):
+        return _from_json(tp, v, where)
+    if origin is tuple:
+        if not isinstance(v, list):
+            raise BundleError(f"corrupt manifest: {where} is not a list")
+        return tuple(_value(args[0], x, f"{where}[{i}]") for i, x in enumerate(v))
+    if origin is Mapping or tp is Mapping:
+        if not isinstance(v, dict) or not all(isinstance(k, str) for k in v):
+            raise BundleError(f"corrupt manifest: {where} is not an object")
+        vt = args[1] if args else Any
+        return types.MappingProxyType({k: _value(vt, x, f"{where}.{k}") for k, x in v.items()})
+    if tp is Any:
+        return v
+    if tp is float and isinstance(v, int) and not isinstance(v, bool):
+        return float(v)
+    if not isinstance(v, tp) or (tp is int and isinstance(v, bool)):
+        raise BundleError(f"corrupt manifest: {where} is not {tp.__name__}")
+    return v
+
+
+# ------------------------------------------------------------------------------------------ summary
+
+
+def _human(n: int) -> str:
+    if n < 1024:
+        return f"{n} B"
+    x, unit = n / 1024, "KiB"
+    for bigger in ("MiB", "GiB"):
+        if x < 1024:
+            break
+        x, unit = x / 1024, bigger
+    return f"{x:.1f} {unit}"
+
+
+def describe(bundle: Bundle) -> str:
+    """A human-readable summary for `goinfer inspect`."""
+    m = Manifest.of(bundle)
+    infos = [bundle.tensor_info(n) for n in bundle.tensor_names()]
+    dtypes = Counter(e.dtype.name for e in infos)
+    kv = m.kv_cache
+    lines = [
+        f"bundle   {bundle.path.name}  {_human(bundle.size)}  format v{FORMAT_VERSION}",
+        f"versions goinfer {m.goinfer_version}  tvm {m.tvm_version}",
+        f"model    {m.family}  quant {m.quant}  context {m.context_length}",
+        f"kv cache pages of {kv.page_size}  prefill chunks of {kv.prefill_chunk}  {kv.dtype}",
+        f"tensors  {len(infos)}  {_human(sum(e.nbytes for e in infos))}  "
+        + ", ".join(f"{k}×{v}" for k, v in sorted(dtypes.items())),
+    ]
+    for k in bundle.module_keys():
+        e = bundle.module_info(k)
+        lines.append(f"module   {k}  {e.target.get('kind', '?')}  {_human(e.nbytes)}  sha256 {e.sha256[:16]}")
+    lines.append(f"source   {m.source.ref}  sha256 {m.source.sha256[:16]}")
+    lines.append(f"header   sha256 {bundle.header_sha256[:16]}")
+    return "\n".join(lines)
