@@ -13,8 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from typing import Any
 
-from goinfer.runtime.stream import Delta, TokenLogprob, ToolCallDelta, Usage
-
+from .deltas import Delta, TokenLogprob, ToolCallDelta, Usage
 from .errors import APIError
 
 Chunk = dict[str, Any]

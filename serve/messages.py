@@ -15,11 +15,11 @@ from functools import partial
 from typing import Annotated, Any
 
 from aiohttp import web
-from goinfer.runtime.stream import Delta
 from pydantic import Field
 
 from . import plan as planning
 from .chunks import Chunk, NamedEvents
+from .deltas import Delta
 from .errors import APIError, bad_request
 from .keys import CAPS, REGISTRY
 from .routes import prompt_ids, read_body, run_plan

@@ -6,22 +6,23 @@ never half a stream.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
-from goinfer.runtime.confidence import Step, field_confidence
 from goinfer.runtime.grammar import Constraint, GrammarConstraint
 from goinfer.runtime.sampler import SamplingParams
-from goinfer.runtime.stream import Delta, StepEvent, text_deltas
+from goinfer.runtime.stream import StepEvent
 
+from .confidence import recorded, with_confidence
+from .deltas import Delta, text_deltas
 from .engine import Engine
 from .errors import bad_request, unsupported
 from .schemas import ChatMessage, ChatRequest, CompletionRequest, SamplingRequest
 from .structured import Structured, confidence_schema
 from .structured import response_format as response_format_grammar
 from .tools import ToolPlan, plan_tools
-from .tools.stream import tool_deltas
+from .tools.stream import ToolDeltas
 
 # OpenAI's documented defaults where the request leaves a knob out.
 DEFAULT_TEMPERATURE = 1.0
@@ -95,13 +96,13 @@ class Plan:
         )
         steps: list[StepEvent] = []
         if capture:
-            events = _recorded(events, steps)
+            events = recorded(events, steps)
         end_at = self.tools.reply_end if self.tools is not None else None
         out = text_deltas(events, len(self.prompt_ids), self.stops, engine.token_text, self.logprobs, end_at)
         if self.tools is not None:
-            out = tool_deltas(out, self.tools.fmt, self.tools.names)
+            out = ToolDeltas(self.tools.fmt, self.tools.names)(out)
         if self.confidence is not None:
-            out = _with_confidence(out, steps, self.confidence, engine.token_text)
+            out = with_confidence(out, steps, self.confidence, engine.token_text)
         return out
 
     def _constraint(self, engine: Engine) -> Constraint | None:
@@ -113,28 +114,6 @@ class Plan:
         if self.rules.structured is not None:
             return GrammarConstraint(tok.matcher(self.rules.structured.grammar), tok.vocab_size)
         return None
-
-
-def _recorded(events: Iterable[StepEvent], into: list[StepEvent]) -> Iterator[StepEvent]:
-    for ev in events:
-        into.append(ev)
-        yield ev
-
-
-def _with_confidence(
-    deltas: Iterable[Delta], steps: list[StepEvent], schema: dict[str, Any], token_text
-) -> Iterator[Delta]:
-    for d in deltas:
-        if d.finish_reason is None:
-            yield d
-            continue
-        spans, pos = [], 0
-        for ev in steps:
-            if ev.token_id is not None:
-                spans.append(Step(pos, pos + len(ev.text), ev.token_id, ev.choice))
-            pos += len(ev.text)
-        text = "".join(ev.text for ev in steps)
-        yield replace(d, confidence=field_confidence(schema, text, spans, token_text))
 
 
 def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:

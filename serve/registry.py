@@ -15,8 +15,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 
-from goinfer.runtime.stream import Delta
-
+from .deltas import Delta
 from .engine import Engine
 from .errors import APIError
 

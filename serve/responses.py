@@ -20,11 +20,11 @@ from threading import Lock
 from typing import Annotated, Any
 
 from aiohttp import web
-from goinfer.runtime.stream import Delta
 from pydantic import Field
 
 from . import plan as planning
 from .chunks import Chunk, NamedEvents
+from .deltas import Delta
 from .errors import APIError, bad_request, unsupported
 from .keys import CAPS, REGISTRY, RESPONSES
 from .routes import prompt_ids, read_body, run_plan

@@ -1,10 +1,10 @@
-"""runtime.confidence on hand-made decode steps: option mass along split tokens, integer minima,
+"""serve.confidence on hand-made decode steps: option mass along split tokens, integer minima,
 forced fields left out, nesting paths."""
 
 from __future__ import annotations
 
-from goinfer.runtime.confidence import Step, field_confidence
 from goinfer.runtime.stream import StepChoice
+from goinfer.serve.confidence import Step, field_confidence
 
 SCHEMA = {
     "type": "object",

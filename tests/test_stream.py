@@ -1,11 +1,12 @@
-"""runtime.stream: stop strings across token boundaries, logprob alignment, exact usage."""
+"""serve.deltas: stop strings across token boundaries, logprob alignment, exact usage."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 import pytest
-from goinfer.runtime.stream import StepEvent, StopMatcher, text_deltas
+from goinfer.runtime.stream import StepEvent
+from goinfer.serve.deltas import StopMatcher, text_deltas
 
 
 def _events(pieces: list[str], finish: str = "stop") -> Iterator[StepEvent]:
@@ -86,3 +87,22 @@ def test_a_stop_closes_the_source_generator() -> None:
 
     out = list(text_deltas(source(), 1, ["STOP"]))
     assert "".join(d.text for d in out) == "xxx" and closed == [True]
+
+
+def test_serve_reaches_the_runtime_only_through_its_public_surface() -> None:
+    """Token events (runtime.stream), sampling and grammar primitives; the bundle's Model only in
+    the engine adapter. The reply (stop strings, tool calls, confidence) is built in serve/."""
+    import ast
+    from pathlib import Path
+
+    import goinfer.serve
+
+    surface = {"goinfer.runtime.stream", "goinfer.runtime.sampler", "goinfer.runtime.grammar"}
+    used: dict[str, set[str]] = {}
+    for path in Path(goinfer.serve.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("goinfer.runtime"):
+                names = {f"{node.module}.{a.name}" for a in node.names}
+                module = node.module if node.module != "goinfer.runtime" else None
+                used.setdefault(path.name, set()).update({module} if module else names)
+    assert {m for f, ms in used.items() if f != "model_engine.py" for m in ms} <= surface, used

@@ -8,9 +8,9 @@ import json
 import pytest
 from fake_engine import byte_tokenizer_json
 from goinfer.runtime import grammar as g
-from goinfer.runtime.stream import Delta, Usage
+from goinfer.serve.deltas import Delta, Usage
 from goinfer.serve.tools import Tool, call_format, hermes, llama3, mistral
-from goinfer.serve.tools.stream import tool_deltas
+from goinfer.serve.tools.stream import ToolDeltas
 
 WEATHER = Tool("get_weather", "Weather in a city", {
     "type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}},
@@ -61,7 +61,7 @@ def test_parse_recorded_replies(fmt, text, prose, calls):
 def _stream(fmt, pieces: list[str]) -> tuple[str, list[tuple[str, dict]], str]:
     deltas = [Delta(p) for p in pieces] + [Delta("", finish_reason="stop", usage=Usage(1, len(pieces)))]
     text, calls, finish = "", {}, None
-    for d in tool_deltas(deltas, fmt, NAMES):
+    for d in ToolDeltas(fmt, NAMES)(deltas):
         text += d.text
         for t in d.tool_calls:
             if t.id is not None:
@@ -90,7 +90,7 @@ def test_prose_before_a_call_streams_before_the_call_ends():
         '"arguments": {"tz": "UTC"}}',
     ]
     deltas = iter([Delta(p) for p in pieces])
-    out = tool_deltas(deltas, hermes.FORMAT, NAMES)
+    out = ToolDeltas(hermes.FORMAT, NAMES)(deltas)
     first = next(out)
     assert first.text == "C" and not first.tool_calls  # out before the model has finished the reply
 
@@ -136,14 +136,14 @@ def test_double_encoded_arguments_stream_and_parse():
     for size in (1, 5, 1000):
         pieces = [text[i : i + size] for i in range(0, len(text), size)]
         deltas = [Delta(p) for p in pieces] + [Delta("", finish_reason="stop")]
-        args = "".join(t.arguments for d in tool_deltas(deltas, hermes.FORMAT, NAMES) for t in d.tool_calls)
+        args = "".join(t.arguments for d in ToolDeltas(hermes.FORMAT, NAMES)(deltas) for t in d.tool_calls)
         assert json.loads(json.loads(args)) == {"tz": "UTC"}
     assert hermes.FORMAT.parse(text, NAMES)[1][0].arguments == {"tz": "UTC"}
 
 
 def test_a_code_reply_streams_once_it_cannot_be_a_fenced_call():
     pieces = ["``", "`py", "thon\n", "print(1)\n", "```"]
-    out = list(tool_deltas(iter([Delta(p) for p in pieces]), hermes.FORMAT, NAMES))
+    out = list(ToolDeltas(hermes.FORMAT, NAMES)(iter([Delta(p) for p in pieces])))
     assert out[0].text == "```py"  # held only while it could still open ```json
 
 

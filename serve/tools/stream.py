@@ -11,20 +11,16 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
-from goinfer.runtime.stream import Delta, StopMatcher, ToolCallDelta
-
+from ..deltas import Delta, StopMatcher, ToolCallDelta
 from .base import Call, CallFormat, bare_start, json_objects, may_open_bare, to_call, unwrapped_call
+
+Pieces = tuple[str, list[ToolCallDelta]]  # (prose to send, call pieces to send)
 
 
 def call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
-
-
-def whole(index: int, call: Call) -> ToolCallDelta:
-    """A call known only once complete, sent as one delta."""
-    return ToolCallDelta(index, call_id(), call.name, json.dumps(call.arguments, ensure_ascii=False))
 
 
 class _CallScan:
@@ -75,86 +71,101 @@ class _CallScan:
         return self.buf[self.pos :]
 
 
-def tool_deltas(deltas: Iterable[Delta], fmt: CallFormat, names: set[str]) -> Iterator[Delta]:
-    """See the module docstring. The last delta's finish_reason becomes "tool_calls" when the
-    reply made a call and ended on its own (not cut by max_tokens)."""
-    opener = StopMatcher([fmt.opener])
-    mode = "start"  # start -> prose | bare ; prose -> between <-> call
-    lead, bare, region = "", "", ""  # leading spaces; a held bare reply; text since the opener
-    scan: _CallScan | None = None
-    index, emitted = -1, False
+class ToolDeltas:
+    """One reply's text deltas -> prose deltas and tool-call deltas (see the module docstring).
 
-    def calls_from(text: str) -> list[ToolCallDelta]:
-        nonlocal index, emitted
-        out = []
-        for obj in json_objects(text):
-            c = to_call(obj, names, fmt.args_key)
-            if c is not None:
-                index, emitted = index + 1, True
-                out.append(whole(index, c))
-        return out
+    The reply is in one mode at a time, and each mode is a method that takes the next piece of
+    text and returns (prose to send, call pieces to send): `start` until it is known whether the
+    reply opens with a bare call, then `bare` (held to the end) or `prose` (streamed, watching for
+    the opener), and `calls` after the opener. `end` settles what a mode still holds.
+    """
 
-    def in_calls(text: str) -> list[ToolCallDelta]:
-        """Text after the opener: skip structure between calls, scan each call object."""
-        nonlocal scan, index, emitted, region
+    def __init__(self, fmt: CallFormat, names: set[str]):
+        self.fmt, self.names = fmt, names
+        self.mode: Callable[[str], Pieces] = self.start
+        self.lead = ""  # start: the reply so far
+        self.held = ""  # bare: the reply so far
+        self.opener = StopMatcher([fmt.opener])  # prose: holds text that may begin the opener
+        self.region = ""  # calls: text since the opener or the last complete call
+        self.scan: _CallScan | None = None  # calls: the call object being read
+        self.index = -1  # the last call's index
+        self.called = False
+
+    def __call__(self, deltas: Iterable[Delta]) -> Iterator[Delta]:
+        """The last delta's finish_reason becomes "tool_calls" when the reply made a call and
+        ended on its own (not cut by max_tokens)."""
+        for d in deltas:
+            text, calls = self.mode(d.text)
+            if d.finish_reason is None:
+                if text or calls or d.logprobs:
+                    yield Delta(text, d.logprobs, tool_calls=tuple(calls))
+                continue
+            rest, last = self.end()
+            finish = "tool_calls" if self.called and d.finish_reason == "stop" else d.finish_reason
+            yield Delta(
+                text + rest, d.logprobs, finish, d.usage, tuple(calls + last), d.confidence, d.stop_sequence
+            )
+
+    def start(self, piece: str) -> Pieces:
+        self.lead += piece
+        if self.fmt.unwrapped and bare_start(self.lead) is not None:
+            self.mode = self.bare
+        elif may_open_bare(self.lead) if self.fmt.unwrapped else not self.lead.strip():
+            return "", []
+        else:
+            self.mode = self.prose
+        lead, self.lead = self.lead, ""
+        return self.mode(lead)
+
+    def bare(self, piece: str) -> Pieces:
+        self.held += piece  # only a complete object tells a call from prose
+        return "", []
+
+    def prose(self, piece: str) -> Pieces:
+        combined = self.opener.held + piece  # the opener may straddle two pieces
+        text, hit = self.opener.push(piece)
+        if not hit:
+            return text, []
+        self.mode = self.calls  # (the matcher drops what follows the opener: take it from `combined`)
+        return text, self.calls(combined[combined.find(self.fmt.opener) + len(self.fmt.opener) :])[1]
+
+    def calls(self, text: str) -> Pieces:
+        """Skip the structure between calls; scan each call object as it comes."""
         out: list[ToolCallDelta] = []
-        region += text
+        self.region += text
         while text:
-            if scan is None:
+            if self.scan is None:
                 at = text.find("{")
                 if at < 0:
-                    return out
-                scan, text = _CallScan(fmt.args_key), text[at:]
-            named, args = scan.feed(text)
-            if named is not None and named in names:
-                index, emitted = index + 1, True
-                out.append(ToolCallDelta(index, call_id(), named, ""))
-            if args and scan.name in names:
-                out.append(ToolCallDelta(index, arguments=args))
-            if not scan.done:
-                return out
-            text, scan, region = scan.rest, None, scan.rest
-        return out
+                    break
+                self.scan, text = _CallScan(self.fmt.args_key), text[at:]
+            named, args = self.scan.feed(text)
+            if named is not None and named in self.names:
+                out.append(self._call(named))
+            if args and self.scan.name in self.names:
+                out.append(ToolCallDelta(self.index, arguments=args))
+            if not self.scan.done:
+                break
+            text, self.scan, self.region = self.scan.rest, None, self.scan.rest
+        return "", out
 
-    for d in deltas:
-        text, calls = "", []
-        piece = d.text
-        if mode == "start":  # held until it is known whether the reply opens with a bare call
-            lead += piece
-            undecided = may_open_bare(lead) if fmt.unwrapped else not lead.strip()
-            if fmt.unwrapped and bare_start(lead) is not None:
-                mode, piece, lead = "bare", lead, ""
-            elif undecided:
-                piece = ""
-            else:
-                mode, piece, lead = "prose", lead, ""
-        if mode == "bare":
-            bare += piece
-        elif mode == "prose":
-            combined = opener.held + piece  # the opener may straddle two pieces
-            text, hit = opener.push(piece)
-            if hit:  # (the matcher drops what follows the opener: take it from `combined`)
-                mode = "between"
-                calls = in_calls(combined[combined.find(fmt.opener) + len(fmt.opener) :])
-        else:
-            calls = in_calls(piece)
-        if d.finish_reason is None:
-            if text or calls or d.logprobs:
-                yield Delta(text, d.logprobs, tool_calls=tuple(calls))
-            continue
-        # the end: settle whatever is still held
-        if mode == "bare":
-            call = unwrapped_call(bare, names, fmt.args_key)
-            if call is not None:
-                index, emitted = index + 1, True
-                calls.append(whole(index, call))
-            else:
-                text += bare
-        elif mode == "prose":
-            text += opener.flush()
-        elif mode == "between" and scan is not None and scan.name is None:
-            calls += calls_from(region)  # a call object whose keys were not in the usual order
-        elif mode == "start":
-            text += lead
-        finish = "tool_calls" if emitted and d.finish_reason == "stop" else d.finish_reason
-        yield Delta(text, d.logprobs, finish, d.usage, tuple(calls), d.confidence, d.stop_sequence)
+    def end(self) -> Pieces:
+        if self.mode == self.start:
+            return self.lead, []
+        if self.mode == self.prose:
+            return self.opener.flush(), []
+        if self.mode == self.bare:
+            call = unwrapped_call(self.held, self.names, self.fmt.args_key)
+            return ("", [self._whole(call)]) if call is not None else (self.held, [])
+        if self.scan is not None and self.scan.name is None:  # a call whose keys came in another order
+            found = (to_call(o, self.names, self.fmt.args_key) for o in json_objects(self.region))
+            return "", [self._whole(c) for c in found if c is not None]
+        return "", []
+
+    def _call(self, name: str, arguments: str = "") -> ToolCallDelta:
+        self.index, self.called = self.index + 1, True
+        return ToolCallDelta(self.index, call_id(), name, arguments)
+
+    def _whole(self, call: Call) -> ToolCallDelta:
+        """A call known only once complete, sent as one delta."""
+        return self._call(call.name, json.dumps(call.arguments, ensure_ascii=False))

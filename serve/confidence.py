@@ -15,11 +15,13 @@ loop as StepChoice records). It ranks fields; it is not a calibrated probability
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
-from .stream import StepChoice
+from goinfer.runtime.stream import StepChoice, StepEvent
+
+from .deltas import Delta
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,30 @@ def field_confidence(
         rec["calibrated"] = False
         out.append(rec)
     return out
+
+
+def recorded(events: Iterable[StepEvent], into: list[StepEvent]) -> Iterator[StepEvent]:
+    """The events, each kept in `into` on its way through (what `with_confidence` reads at the end)."""
+    for ev in events:
+        into.append(ev)
+        yield ev
+
+
+def with_confidence(
+    deltas: Iterable[Delta], steps: list[StepEvent], schema: dict[str, Any], token_text: Callable[[int], str]
+) -> Iterator[Delta]:
+    """The deltas, the last one carrying the reply's records (`steps` is filled by `recorded`)."""
+    for d in deltas:
+        if d.finish_reason is None:
+            yield d
+            continue
+        spans, pos = [], 0
+        for ev in steps:
+            if ev.token_id is not None:
+                spans.append(Step(pos, pos + len(ev.text), ev.token_id, ev.choice))
+            pos += len(ev.text)
+        text = "".join(ev.text for ev in steps)
+        yield replace(d, confidence=field_confidence(schema, text, spans, token_text))
 
 
 def _spell(option: Any) -> str:
