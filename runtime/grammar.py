@@ -2,9 +2,10 @@
 
 - `GrammarTokenizer` wraps the bundle's tokenizers JSON for llguidance. Building it walks the whole
   vocabulary (~1.7 s for Qwen's 152k tokens), so a model builds it once, in the background.
-- `compile_json_schema` / `compile_lark` turn a request into a grammar string and refuse a bad one
-  with a message (the server's 400, sent before any prefill). A compiled matcher is cached per
-  grammar; each request runs on a copy of it (~10 µs).
+- `json_schema_grammar` turns a JSON schema into a grammar string; `GrammarTokenizer.matcher`
+  compiles a grammar with the tokenizer and refuses a bad one with a message (the server's 400,
+  sent before any prefill). A compiled matcher is cached per grammar; each request runs on a copy
+  of it (~10 µs). `compile_json_schema` / `compile_lark` check a grammar without a tokenizer.
 - `Constraint` is what the decode loop talks to: `allowed()` (a boolean mask, or None while
   unconstrained), `advance(token)`, `finished`. `GrammarConstraint` masks from the first token;
   `TriggeredConstraint` lets the model write freely until it emits an opener (a tool-call tag),
@@ -43,17 +44,21 @@ class GrammarError(ValueError):
     """The schema or grammar cannot be compiled; the message says why."""
 
 
-def compile_json_schema(schema: dict[str, Any] | bool) -> str:
-    """A JSON schema -> an llguidance grammar (validated)."""
+def json_schema_grammar(schema: dict[str, Any] | bool) -> str:
+    """A JSON schema -> an llguidance grammar, not compiled yet (see `GrammarTokenizer.matcher`)."""
     if schema is True:
         schema = {}
     if not isinstance(schema, dict):
         raise GrammarError("the schema must be a JSON object")
     try:
-        grammar = _llg().LLMatcher.grammar_from_json_schema(closed(schema), defaults=JSON_OPTIONS)
+        return _llg().LLMatcher.grammar_from_json_schema(closed(schema), defaults=JSON_OPTIONS)
     except ValueError as e:
         raise GrammarError(str(e)) from None
-    return _validated(grammar)
+
+
+def compile_json_schema(schema: dict[str, Any] | bool) -> str:
+    """A JSON schema -> an llguidance grammar, validated without a tokenizer."""
+    return _validated(json_schema_grammar(schema))
 
 
 def closed(schema: Any, inside_all_of: bool = False) -> Any:

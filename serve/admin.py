@@ -1,4 +1,5 @@
-"""Admin routes (only with --allow-admin, since a load reads a path the caller names).
+"""Admin routes, an aiohttp sub-app mounted at /admin only with --allow-admin (a load reads a path
+the caller names).
 
 POST /admin/models/load   {"path", "name"?, "quant"?}  -> 200 once the model serves
 POST /admin/models/unload {"name"}                     -> 200 drained and freed within
@@ -13,23 +14,32 @@ from pathlib import Path
 
 from aiohttp import web
 
-from .errors import APIError, bad_request
+from .errors import APIError, bad_request, openai_envelope
 from .keys import CONFIG, LOADER, REGISTRY, STARTED
-from .middleware import body_cap_for
+from .middleware import guards
 from .registry import ModelSlot
-from .routes import model_entry, read_body
-from .schemas import LoadRequest, UnloadRequest, parse
+from .routes import model_entry
+from .schemas import LoadRequest, UnloadRequest, read_request
 
+PREFIX = "/admin"
 log = logging.getLogger("goinfer.serve")
 routes = web.RouteTableDef()
 DRAINING = web.AppKey("draining", set)  # background frees, kept referenced until done
 
 
-@routes.post("/admin/models/load")
+def app() -> web.Application:
+    """The sub-app, mounted at PREFIX, with its own error middleware (OpenAI's envelope)."""
+    sub = web.Application(middlewares=guards(openai_envelope))
+    sub[DRAINING] = set()
+    sub.add_routes(routes)
+    return sub
+
+
+@routes.post("/models/load")
 async def load(request: web.Request) -> web.Response:
-    app = request.app
-    req: LoadRequest = parse(LoadRequest, await read_body(request, body_cap_for(request)))
-    reg, loader = app[REGISTRY], app[LOADER]
+    state = request.config_dict  # the root app's, seen from this sub-app
+    req: LoadRequest = await read_request(request, LoadRequest)
+    reg, loader = state[REGISTRY], state[LOADER]
     if loader is None:
         raise APIError(503, "this server was started without a model loader", code="no_loader")
     name = req.name or Path(req.path).stem
@@ -44,20 +54,20 @@ async def load(request: web.Request) -> web.Response:
         reg.loading.discard(name)
     slot = reg.add(name, engine)
     log.info("loaded %s from %s", name, req.path)
-    return web.json_response({"loaded": model_entry(slot, app[STARTED])})
+    return web.json_response({"loaded": model_entry(slot, state[STARTED])})
 
 
-@routes.post("/admin/models/unload")
+@routes.post("/models/unload")
 async def unload(request: web.Request) -> web.Response:
-    app = request.app
-    req: UnloadRequest = parse(UnloadRequest, await read_body(request, body_cap_for(request)))
-    slot = app[REGISTRY].remove(req.name)
+    req: UnloadRequest = await read_request(request, UnloadRequest)
+    slot = request.config_dict[REGISTRY].remove(req.name)
     try:
-        await asyncio.wait_for(slot.idle.wait(), app[CONFIG].unload_drain_wait_s)
+        await asyncio.wait_for(slot.idle.wait(), request.config_dict[CONFIG].unload_drain_wait_s)
     except asyncio.TimeoutError:
         task = asyncio.create_task(_free_when_idle(slot))
-        app[DRAINING].add(task)
-        task.add_done_callback(app[DRAINING].discard)
+        draining = request.app[DRAINING]
+        draining.add(task)
+        task.add_done_callback(draining.discard)
         return web.json_response(
             {"unloaded": req.name, "freed": False, "in_flight": slot.admitted}, status=202
         )

@@ -1,6 +1,8 @@
 """The aiohttp application: `create_app(engines, config)`.
 
 Engines are given already loaded, keyed by the name requests route on; tests pass fake ones.
+The root app serves the OpenAI routes; the Anthropic routes and the admin routes are sub-apps,
+each with its own error middleware (the envelope its clients expect).
 """
 
 from __future__ import annotations
@@ -11,10 +13,12 @@ from collections.abc import AsyncIterator, Mapping
 
 from aiohttp import web
 
-from . import admin, messages, middleware, responses, routes
+from . import admin, messages, responses, routes
 from .config import BodyCaps, ServeConfig
 from .engine import Engine
+from .errors import openai_envelope
 from .keys import CAPS, CONFIG, LOADER, REGISTRY, RESPONSES, STARTED, Loader
+from .middleware import guards
 from .registry import Registry
 
 log = logging.getLogger("goinfer.serve")
@@ -27,7 +31,7 @@ def create_app(
     caps = BodyCaps.resolve(config.max_body_bytes, [e.info.context_window for e in engines.values()])
     # aiohttp's own cap sits above ours, so ours (with its clearer message) is the one that fires.
     app = web.Application(
-        middlewares=[middleware.errors, middleware.auth, middleware.body_cap],
+        middlewares=guards(openai_envelope),
         client_max_size=max(caps.text, caps.small) + 1,
     )
     registry = Registry(config.max_queue)
@@ -36,13 +40,12 @@ def create_app(
     app[CONFIG], app[CAPS], app[REGISTRY] = config, caps, registry
     app[LOADER] = loader
     app[STARTED] = int(time.time())
-    app.add_routes(routes.routes)
-    app.add_routes(messages.routes)
-    app.add_routes(responses.routes)
     app[RESPONSES] = responses.ResponseStore(config.responses_store)
+    app.add_routes(routes.routes)
+    app.add_routes(responses.routes)
+    app.add_subapp(messages.PREFIX, messages.app())
     if config.allow_admin:
-        app[admin.DRAINING] = set()
-        app.add_routes(admin.routes)
+        app.add_subapp(admin.PREFIX, admin.app())
     app.cleanup_ctx.append(_close_models)
     return app
 

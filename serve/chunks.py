@@ -1,6 +1,7 @@
-"""OpenAI's streaming chunks, built from runtime deltas, and the fold that makes a whole reply of them.
+"""Event builders: deltas -> one API's events, their SSE framing, and the fold into one JSON reply.
 
-A non-streaming reply is never built any other way: it is `fold(chunks)` over the very chunks a
+This module holds the base and OpenAI's chunks; messages.py and responses.py build their own. A
+non-streaming reply is never built any other way: it is `fold(events)` over the very events a
 stream would have sent, so the two cannot drift apart.
 """
 
@@ -14,7 +15,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from .deltas import Delta, TokenLogprob, ToolCallDelta, Usage
-from .errors import APIError
+from .errors import APIError, openai_envelope
 
 Chunk = dict[str, Any]
 
@@ -32,9 +33,9 @@ def _bytes(s: str) -> list[int]:
 
 
 class EventBuilder(ABC):
-    """Deltas -> the events of one reply, and how they are framed as server-sent events: OpenAI's
+    """Deltas -> the events of one reply, how they are framed as server-sent events (OpenAI's
     `data:` lines ending in `[DONE]` by default; the Anthropic and Responses builders name their
-    events instead."""
+    events instead), and the whole reply they fold into."""
 
     keepalive = b": keep-alive\n\n"
     sse_end: bytes | None = b"data: [DONE]\n\n"
@@ -43,13 +44,17 @@ class EventBuilder(ABC):
         return b"data: " + json.dumps(chunk, ensure_ascii=False).encode() + b"\n\n"
 
     def sse_error(self, err: APIError) -> bytes:
-        return b"data: " + json.dumps(err.body()).encode() + b"\n\n"
+        return b"data: " + json.dumps(openai_envelope(err)).encode() + b"\n\n"
 
     def start(self) -> list[Chunk]:
         return []
 
     @abstractmethod
     def step(self, d: Delta) -> list[Chunk]: ...
+
+    @abstractmethod
+    def fold(self, events: list[Chunk]) -> dict[str, Any]:
+        """The non-streaming reply, from the events a stream would have sent."""
 
 
 class NamedEvents(EventBuilder):
@@ -69,10 +74,10 @@ class ChunkBuilder(EventBuilder):
     prefix = ""
     object = ""
 
-    def __init__(self, model: str, include_usage: bool):
+    def __init__(self, model: str, include_usage: bool, logprobs: bool = False):
         self.id = f"{self.prefix}-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
-        self.model, self.include_usage = model, include_usage
+        self.model, self.include_usage, self.logprobs = model, include_usage, logprobs
 
     def _chunk(self, choices: list[dict[str, Any]], usage: Usage | None = None) -> Chunk:
         c: Chunk = {"id": self.id, "object": self.object, "created": self.created, "model": self.model}
@@ -104,6 +109,9 @@ class ChatChunks(ChunkBuilder):
         return [self._chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                               "finish_reason": None}])]  # fmt: skip
 
+    def fold(self, events: list[Chunk]) -> dict[str, Any]:
+        return fold_chat(events, self.logprobs)
+
     def _choice(self, d: Delta, finish: str | None) -> dict[str, Any]:
         delta: dict[str, Any] = {}
         if finish is None and (d.text or not d.tool_calls):
@@ -130,9 +138,12 @@ def _chat_logprob(e: TokenLogprob) -> dict[str, Any]:
 class CompletionChunks(ChunkBuilder):
     prefix, object = "cmpl", "text_completion"
 
-    def __init__(self, model: str, include_usage: bool):
-        super().__init__(model, include_usage)
+    def __init__(self, model: str, include_usage: bool, logprobs: bool = False):
+        super().__init__(model, include_usage, logprobs)
         self.offset = 0  # text_offset of the next token, within the completion
+
+    def fold(self, events: list[Chunk]) -> dict[str, Any]:
+        return fold_completion(events, self.logprobs)
 
     def _choice(self, d: Delta, finish: str | None) -> dict[str, Any]:
         lp = None

@@ -1,13 +1,14 @@
-"""The error envelopes, and the one exception type handlers raise to produce them.
+"""The exception handlers raise, and OpenAI's error envelope.
 
-Every failure a client sees is OpenAI's `{"error": {"message", "type", "param", "code"}}`, or on the
-Anthropic routes (/v1/messages...) Anthropic's `{"type": "error", "error": {"type", "message"}}`,
-with a status that says whose fault it was; nothing else (no traceback, no aiohttp HTML page) ever
-goes out.
+Every failure a client sees is an envelope with a status that says whose fault it was; nothing
+else (no traceback, no aiohttp HTML page) ever goes out. Which envelope is the app's choice: the
+root app answers in OpenAI's `{"error": {"message", "type", "param", "code"}}`, the Anthropic
+sub-app in Anthropic's (messages.py), each through its own error middleware (middleware.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -25,22 +26,6 @@ _TYPES = {
 }
 
 
-_ANTHROPIC_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    500: "api_error",
-    503: "overloaded_error",
-}
-
-
-def anthropic_path(path: str) -> bool:
-    return path == "/v1/messages" or path.startswith("/v1/messages/")
-
-
 class APIError(Exception):
     def __init__(
         self,
@@ -55,21 +40,16 @@ class APIError(Exception):
         self.status, self.message, self.param, self.code = status, message, param, code
         self.headers = headers or {}
 
-    def body(self, anthropic: bool = False) -> dict[str, Any]:
-        if anthropic:
-            kind = _ANTHROPIC_TYPES.get(
-                self.status, "invalid_request_error" if self.status < 500 else "api_error"
-            )
-            return {"type": "error", "error": {"type": kind, "message": self.message}}
-        return envelope(self.status, self.message, param=self.param, code=self.code)
-
-    def response(self, anthropic: bool = False) -> web.Response:
-        return web.json_response(self.body(anthropic), status=self.status, headers=self.headers)
+    def response(self, envelope: Envelope) -> web.Response:
+        return web.json_response(envelope(self), status=self.status, headers=self.headers)
 
 
-def envelope(status: int, message: str, *, param: str | None = None, code: str | None = None) -> dict:
-    kind = _TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+Envelope = Callable[[APIError], dict[str, Any]]  # an API's error body
+
+
+def openai_envelope(err: APIError) -> dict[str, Any]:
+    kind = _TYPES.get(err.status, "invalid_request_error" if err.status < 500 else "server_error")
+    return {"error": {"message": err.message, "type": kind, "param": err.param, "code": err.code}}
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:

@@ -1,9 +1,10 @@
-"""Anthropic's Messages API: /v1/messages and /v1/messages/count_tokens.
+"""Anthropic's Messages API: /v1/messages and /v1/messages/count_tokens, as an aiohttp sub-app.
 
-A request is turned into the same chat messages, tools and sampling the OpenAI route uses, and
-runs the same plan; only the edges differ: the request shape, the named-event stream
+A request becomes the same Job the OpenAI routes make (chat messages, tools, sampling) and runs
+through the same pipeline; only the edges differ: the request shape, the named-event stream
 (message_start, content_block_*, message_delta, message_stop, ping; no [DONE]) and the error
-envelope (see errors.py). thinking, cache_control and metadata are accepted and ignored.
+envelope, which the sub-app's own error middleware answers in. thinking, cache_control and
+metadata are accepted and ignored.
 """
 
 from __future__ import annotations
@@ -11,27 +12,49 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterable
-from functools import partial
 from typing import Annotated, Any
 
 from aiohttp import web
 from pydantic import Field
 
-from . import plan as planning
+from . import pipeline
 from .chunks import Chunk, NamedEvents
+from .content import refused, text_of
 from .deltas import Delta
 from .errors import APIError, bad_request
-from .keys import CAPS, REGISTRY
-from .routes import prompt_ids, read_body, run_plan
-from .schemas import _Body, parse
-from .tools import prepare_messages
+from .job import Job, Sampling
+from .middleware import guards, text_body
+from .schemas import Body, read_request
 
+PREFIX = "/v1/messages"
 routes = web.RouteTableDef()
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+}
 
 
-class MessagesRequest(_Body):
+def anthropic_envelope(err: APIError) -> dict[str, Any]:
+    kind = _ERROR_TYPES.get(err.status, "invalid_request_error" if err.status < 500 else "api_error")
+    return {"type": "error", "error": {"type": kind, "message": err.message}}
+
+
+def app() -> web.Application:
+    """The sub-app, mounted at PREFIX: its own error middleware speaks Anthropic's envelope."""
+    sub = web.Application(middlewares=guards(anthropic_envelope))
+    sub.add_routes(routes)
+    return sub
+
+
+class MessagesRequest(Body):
     model: str | None = None
     messages: Annotated[list[dict[str, Any]], Field(min_length=1)]
     max_tokens: Annotated[int, Field(ge=1)] | None = None  # required by create, not by count_tokens
@@ -52,7 +75,7 @@ class MessagesRequest(_Body):
 def chat_messages(req: MessagesRequest) -> list[dict[str, Any]]:
     """The conversation as the chat template reads it (OpenAI-shaped dicts)."""
     out: list[dict[str, Any]] = []
-    system = _system_text(req.system)
+    system = text_of(req.system, "system")
     if system:
         out.append({"role": "system", "content": system})
     for i, m in enumerate(req.messages):
@@ -73,17 +96,6 @@ def chat_messages(req: MessagesRequest) -> list[dict[str, Any]]:
     return out
 
 
-def _system_text(system: str | list[dict[str, Any]] | None) -> str:
-    if system is None or isinstance(system, str):
-        return system or ""
-    texts = []
-    for j, b in enumerate(system):
-        if b.get("type") != "text" or not isinstance(b.get("text"), str):
-            raise bad_request(f"system.{j}: only text blocks are accepted in system", param=f"system.{j}")
-        texts.append(b["text"])
-    return "\n".join(texts)
-
-
 def _turn(role: str, blocks: list[Any], i: int) -> list[dict[str, Any]]:
     """One Anthropic message -> chat messages: tool results become tool messages (first, as they
     answer the previous turn's calls), tool_use blocks the assistant's tool_calls."""
@@ -93,25 +105,19 @@ def _turn(role: str, blocks: list[Any], i: int) -> list[dict[str, Any]]:
         kind = b.get("type") if isinstance(b, dict) else None
         if kind == "text" and isinstance(b.get("text"), str):
             texts.append(b["text"])
-        elif kind == "image":
-            raise bad_request(
-                f"{where}: image content needs a vision model (vision: false here)", f"{where}.type"
-            )
         elif kind == "tool_use" and role == "assistant":
             args = json.dumps(b.get("input") or {}, ensure_ascii=False)
             fn = {"name": b.get("name"), "arguments": args}
             calls.append({"id": str(b.get("id", "")), "type": "function", "function": fn})
         elif kind == "tool_result" and role == "user":
-            text = _result_text(b.get("content"), where)
+            text = text_of(b.get("content"), f"{where}.content")
             if b.get("is_error"):
                 text = f"Error: {text}"
             results.append({"role": "tool", "tool_call_id": str(b.get("tool_use_id", "")), "content": text})
         elif kind in ("thinking", "redacted_thinking"):
             continue  # replayed reasoning: no model here thinks, so there is nothing to render
         else:
-            raise bad_request(
-                f"{where}: unsupported content block type {kind!r} for role {role!r}", f"{where}.type"
-            )
+            raise refused(where, kind, f"not accepted for role {role!r}")
     out = list(results)
     if texts or calls or not results:
         msg: dict[str, Any] = {"role": role, "content": "\n".join(texts)}
@@ -119,17 +125,6 @@ def _turn(role: str, blocks: list[Any], i: int) -> list[dict[str, Any]]:
             msg["tool_calls"] = calls
         out.append(msg)
     return out
-
-
-def _result_text(content: Any, where: str) -> str:
-    if content is None or isinstance(content, str):
-        return content or ""
-    parts = []
-    for b in content:
-        if not isinstance(b, dict) or b.get("type") != "text":
-            raise bad_request(f"{where}.content: only text blocks are supported in a tool_result", where)
-        parts.append(b.get("text", ""))
-    return "\n".join(parts)
 
 
 def openai_tools(req: MessagesRequest) -> tuple[list[dict[str, Any]] | None, Any, bool | None]:
@@ -157,39 +152,43 @@ def openai_tools(req: MessagesRequest) -> tuple[list[dict[str, Any]] | None, Any
     return tools, choice, parallel
 
 
-async def _prepare(request: web.Request, need_max_tokens: bool):
-    app = request.app
-    req: MessagesRequest = parse(MessagesRequest, await read_body(request, app[CAPS].text))
+def job(req: MessagesRequest, need_max_tokens: bool = True) -> Job:
     if need_max_tokens and req.max_tokens is None:
         raise bad_request("max_tokens: Field required", param="max_tokens")
     if req.goinfer_confidence:
         raise bad_request("goinfer_confidence is not offered on /v1/messages", param="goinfer_confidence")
-    slot = app[REGISTRY].route(req.model)
     tools, choice, parallel = openai_tools(req)
-    rules = planning.rules(slot.engine, None, False, tools, choice, parallel)
-    messages = prepare_messages(chat_messages(req), rules.tools, slot.engine.info.chat_template)
-    ids = await prompt_ids(slot, partial(slot.engine.chat_ids, **rules.template_vars()), messages)
-    return req, slot, rules, ids
-
-
-@routes.post("/v1/messages")
-async def create(request: web.Request) -> web.StreamResponse:
-    req, slot, rules, ids = await _prepare(request, need_max_tokens=True)
-    sampling = planning.Sampling(
+    sampling = Sampling(
         temperature=req.temperature,
         top_p=req.top_p,
         top_k=req.top_k,
         max_tokens=req.max_tokens,
         stops=tuple(req.stop_sequences or ()),
     )
-    job = planning.make_plan(sampling, ids, slot.name, slot.engine.info.context_window, rules)
-    return await run_plan(request, slot, job, MessageEvents(slot.name, len(ids)), req.stream, fold_message)
+    return Job(
+        model=req.model,
+        sampling=sampling,
+        reply=lambda plan: MessageEvents(plan.model, len(plan.prompt_ids)),
+        messages=chat_messages(req),
+        stream=req.stream,
+        tools=tools,
+        tool_choice=choice,
+        parallel_tool_calls=parallel,
+    )
 
 
-@routes.post("/v1/messages/count_tokens")
+@routes.post("")
+@text_body
+async def create(request: web.Request) -> web.StreamResponse:
+    return await pipeline.run(request, job(await read_request(request, MessagesRequest)))
+
+
+@routes.post("/count_tokens")
+@text_body
 async def count_tokens(request: web.Request) -> web.Response:
-    _req, _slot, _rules, ids = await _prepare(request, need_max_tokens=False)
-    return web.json_response({"input_tokens": len(ids)})
+    req = await read_request(request, MessagesRequest)
+    prompt = await pipeline.prepare(request, job(req, need_max_tokens=False))
+    return web.json_response({"input_tokens": len(prompt.ids)})
 
 
 # -- the stream ------------------------------------------------------------------------------------
@@ -206,7 +205,10 @@ class MessageEvents(NamedEvents):
         self.open: str | None = None  # the kind of the open content block
 
     def sse_error(self, err: APIError) -> bytes:
-        return self.sse(err.body(anthropic=True))
+        return self.sse(anthropic_envelope(err))
+
+    def fold(self, events: list[Chunk]) -> dict[str, Any]:
+        return fold_message(events)
 
     def start(self) -> list[Chunk]:
         message = {

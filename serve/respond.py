@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import aclosing
-from typing import Any
 
 from aiohttp import web
 
@@ -47,7 +46,6 @@ async def respond(
     *,
     stream: bool,
     keepalive_s: float,
-    fold: Callable[[list[Chunk]], dict[str, Any]],
 ) -> web.StreamResponse:
     async with aclosing(chunk_stream(run, builder)) as chunks:
         if stream:
@@ -58,7 +56,7 @@ async def respond(
                 collected.append(c)
             elif client_gone(request):
                 return web.Response(status=499)  # nobody reads this; leaving cancels the run
-        return web.json_response(fold(collected))
+        return web.json_response(builder.fold(collected))
 
 
 async def _sse(

@@ -2,10 +2,10 @@
 
 `input` (a string, or message / function_call / function_call_output items) and `instructions`
 become the same chat messages the chat route renders; `tools`, `tool_choice` and `text.format` the
-same constraints; so a response runs the same plan. `store` (the default) keeps the response and
-its conversation in an in-memory ring of `--responses-store` entries (256), oldest dropped first:
-`previous_response_id` continues from one of them (its instructions are not carried over, as in
-OpenAI's API), and an id no longer held is a 404.
+same constraints; so a response is a Job that runs through the same pipeline. `store` (the
+default) keeps the response and its conversation in an in-memory ring of `--responses-store`
+entries (256), oldest dropped first: `previous_response_id` continues from one of them (its
+instructions are not carried over, as in OpenAI's API), and an id no longer held is a 404.
 """
 
 from __future__ import annotations
@@ -15,26 +15,26 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from functools import partial
 from threading import Lock
 from typing import Annotated, Any
 
 from aiohttp import web
 from pydantic import Field
 
-from . import plan as planning
+from . import pipeline
 from .chunks import Chunk, NamedEvents
+from .content import RESPONSES_TEXT, text_of
 from .deltas import Delta
-from .errors import APIError, bad_request, unsupported
-from .keys import CAPS, REGISTRY, RESPONSES
-from .routes import prompt_ids, read_body, run_plan
-from .schemas import _Body, parse
-from .tools import prepare_messages
+from .errors import APIError, bad_request, openai_envelope, unsupported
+from .job import Job, Sampling
+from .keys import RESPONSES
+from .middleware import text_body
+from .schemas import Body, read_request
 
 routes = web.RouteTableDef()
 
 
-class ResponsesRequest(_Body):
+class ResponsesRequest(Body):
     model: str | None = None
     input: str | list[dict[str, Any]]
     instructions: str | None = None
@@ -91,7 +91,7 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
             role = item.get("role")
             if role not in ("user", "assistant", "system", "developer"):
                 raise bad_request(f"input.{i}.role: {role!r} is not a valid role", param=f"input.{i}.role")
-            text = _content_text(item.get("content"), f"input.{i}.content")
+            text = text_of(item.get("content"), f"input.{i}.content", RESPONSES_TEXT)
             out.append({"role": "system" if role == "developer" else role, "content": text})
         elif kind == "function_call":
             fn = {"name": item.get("name"), "arguments": item.get("arguments", "{}")}
@@ -102,32 +102,13 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
                 out.append({"role": "assistant", "content": "", "tool_calls": [call]})
         elif kind == "function_call_output":
             output = item.get("output", "")
-            content = output if isinstance(output, str) else _content_text(output, f"input.{i}.output")
+            content = text_of(output, f"input.{i}.output", RESPONSES_TEXT)
             out.append({"role": "tool", "tool_call_id": str(item.get("call_id", "")), "content": content})
         elif kind == "reasoning":
             continue
         else:
             raise unsupported(f"input.{i}: input items of type {kind!r} are not supported", f"input.{i}.type")
     return out
-
-
-def _content_text(content: Any, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise bad_request(f"{where} must be a string or a list of content parts", param=where)
-    texts = []
-    for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind in ("input_text", "output_text", "text"):
-            texts.append(str(part.get("text", "")))
-        elif kind in ("input_image", "input_file"):
-            raise bad_request(
-                f"{where}.{j}: {kind} needs a vision model (vision: false here)", f"{where}.{j}.type"
-            )
-        else:
-            raise bad_request(f"{where}.{j}: unsupported content part type {kind!r}", f"{where}.{j}.type")
-    return "\n".join(texts)
 
 
 def chat_tools(req: ResponsesRequest) -> tuple[list[dict[str, Any]] | None, Any]:
@@ -163,65 +144,74 @@ def chat_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
 
 # -- routes ----------------------------------------------------------------------------------------
 @routes.post("/v1/responses")
+@text_body
 async def create(request: web.Request) -> web.StreamResponse:
-    app = request.app
-    req: ResponsesRequest = parse(ResponsesRequest, await read_body(request, app[CAPS].text))
+    req = await read_request(request, ResponsesRequest)
+    return await pipeline.run(request, job(req, request.config_dict[RESPONSES]))
+
+
+def job(req: ResponsesRequest, store: ResponseStore) -> Job:
     if req.goinfer_confidence:
         raise bad_request("goinfer_confidence is not offered on /v1/responses", param="goinfer_confidence")
     history: list[dict[str, Any]] = []
     if req.previous_response_id is not None:
-        prior = app[RESPONSES].get(req.previous_response_id)
+        prior = store.get(req.previous_response_id)
         if prior is None:
             raise APIError(
                 404,
                 f"previous_response_id {req.previous_response_id!r} is not stored here (the server "
-                f"keeps the last {app[RESPONSES].capacity} stored responses, in memory)",
+                f"keeps the last {store.capacity} stored responses, in memory)",
                 param="previous_response_id",
                 code="response_not_found",
             )
         history = prior.conversation
-    slot = app[REGISTRY].route(req.model)
     tools, choice = chat_tools(req)
-    fmt = chat_format(req.text)
-    rules = planning.rules(slot.engine, fmt, False, tools, choice, req.parallel_tool_calls)
     conversation = history + input_messages(req.input)
     system = [{"role": "system", "content": req.instructions}] if req.instructions else []
-    messages = prepare_messages(system + conversation, rules.tools, slot.engine.info.chat_template)
-    ids = await prompt_ids(slot, partial(slot.engine.chat_ids, **rules.template_vars()), messages)
-    sampling = planning.Sampling(
-        temperature=req.temperature, top_p=req.top_p, seed=req.seed, max_tokens=req.max_output_tokens,
-        max_tokens_field="max_output_tokens",
-    )  # fmt: skip
-    job = planning.make_plan(
-        sampling, ids, slot.name, slot.engine.info.context_window, rules, prompt_field="input"
-    )
-    store = app[RESPONSES]
 
     def keep(response: dict[str, Any], reply: list[dict[str, Any]]) -> None:
         if req.store:
             store.put(Stored(response, conversation + reply))
 
-    echo = {
-        "instructions": req.instructions,
-        "max_output_tokens": req.max_output_tokens,
-        "metadata": req.metadata or {},
-        "parallel_tool_calls": rules.tools.parallel if rules.tools else bool(req.parallel_tool_calls),
-        "previous_response_id": req.previous_response_id,
-        "store": req.store,
-        "temperature": job.params.temperature,
-        "top_p": job.params.top_p,
-        "tool_choice": req.tool_choice or "auto",
-        "tools": req.tools or [],
-        "text": req.text or {"format": {"type": "text"}},
-    }
-    builder = ResponseEvents(slot.name, len(ids), echo, keep)
-    return await run_plan(request, slot, job, builder, req.stream, fold_response)
+    def reply(plan: pipeline.Plan) -> ResponseEvents:
+        tool_plan = plan.rules.tools
+        echo = {
+            "instructions": req.instructions,
+            "max_output_tokens": req.max_output_tokens,
+            "metadata": req.metadata or {},
+            "parallel_tool_calls": tool_plan.parallel if tool_plan else bool(req.parallel_tool_calls),
+            "previous_response_id": req.previous_response_id,
+            "store": req.store,
+            "temperature": plan.params.temperature,
+            "top_p": plan.params.top_p,
+            "tool_choice": req.tool_choice or "auto",
+            "tools": req.tools or [],
+            "text": req.text or {"format": {"type": "text"}},
+        }
+        return ResponseEvents(plan.model, len(plan.prompt_ids), echo, keep)
+
+    sampling = Sampling(
+        temperature=req.temperature, top_p=req.top_p, seed=req.seed, max_tokens=req.max_output_tokens,
+        max_tokens_field="max_output_tokens",
+    )  # fmt: skip
+    return Job(
+        model=req.model,
+        sampling=sampling,
+        reply=reply,
+        messages=system + conversation,
+        prompt_field="input",
+        stream=req.stream,
+        response_format=chat_format(req.text),
+        tools=tools,
+        tool_choice=choice,
+        parallel_tool_calls=req.parallel_tool_calls,
+    )
 
 
 @routes.get("/v1/responses/{response_id}")
 async def retrieve(request: web.Request) -> web.Response:
     rid = request.match_info["response_id"]
-    item = request.app[RESPONSES].get(rid)
+    item = request.config_dict[RESPONSES].get(rid)
     if item is None:
         raise APIError(404, f"no stored response {rid!r}", param="response_id", code="response_not_found")
     return web.json_response(item.response)
@@ -250,10 +240,13 @@ class ResponseEvents(NamedEvents):
         self.open: dict[str, Any] | None = None  # the item being written
 
     def sse_error(self, err: APIError) -> bytes:
-        body = err.body()["error"]
+        body = openai_envelope(err)["error"]
         return self.sse(
             {"type": "error", "code": body["code"], "message": body["message"], "param": body["param"]}
         )
+
+    def fold(self, events: list[Chunk]) -> dict[str, Any]:
+        return fold_response(events)
 
     def _event(self, kind: str, **fields: Any) -> Chunk:
         self.seq += 1

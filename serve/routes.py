@@ -1,114 +1,157 @@
 """The OpenAI routes: /v1/chat/completions, /v1/completions, /v1/models, and /health.
 
-A generation request goes: read the body (capped) -> validate -> route to a model -> tokenize off
-the loop -> plan (limits checked) -> queue on the model's worker -> one chunk stream -> SSE or fold.
+A generation route reads its body (capped), validates it (schemas.py), turns it into a Job and
+hands that to the pipeline (pipeline.py), which every API shares.
 """
 
 from __future__ import annotations
 
-import asyncio
-from functools import partial
 from typing import Any
 
 from aiohttp import web
 
-from . import plan as planning
-from .chunks import ChatChunks, CompletionChunks, fold_chat, fold_completion
-from .errors import APIError, bad_request
-from .keys import CAPS, CONFIG, REGISTRY, STARTED
+from . import pipeline
+from .chunks import ChatChunks, CompletionChunks
+from .content import text_of
+from .errors import bad_request, unsupported
+from .job import Job, Sampling
+from .keys import REGISTRY, STARTED
+from .middleware import text_body
 from .registry import ModelSlot
-from .respond import respond
-from .schemas import ChatRequest, CompletionRequest, parse
-from .tools import prepare_messages
+from .schemas import ChatMessage, ChatRequest, CompletionRequest, SamplingRequest, read_request
 
 routes = web.RouteTableDef()
-
-
-async def read_body(request: web.Request, cap: int) -> bytes:
-    """The body, refusing past `cap` bytes (Content-Length was checked before; this covers chunked)."""
-    parts, size = [], 0
-    while chunk := await request.content.read(64 * 1024):
-        size += len(chunk)
-        if size > cap:
-            raise APIError(
-                413, f"request body is over the {cap}-byte cap for {request.path}", code="body_too_large"
-            )
-        parts.append(chunk)
-    return b"".join(parts)
-
-
-async def prompt_ids(slot: ModelSlot, fn, arg: Any) -> list[int]:
-    try:
-        return await asyncio.to_thread(fn, arg)
-    except ValueError as e:  # the chat template refused these messages (e.g. roles must alternate)
-        raise APIError(
-            422, f"model {slot.name!r}: {e}", param="messages", code="chat_template_error"
-        ) from None
+DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default on /v1/completions; chat gets the rest of the window
 
 
 @routes.post("/v1/chat/completions")
+@text_body
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    app = request.app
-    req: ChatRequest = parse(ChatRequest, await read_body(request, app[CAPS].text))
-    planning.refuse_unsupported(req)
-    slot = app[REGISTRY].route(req.model)
-    rules = planning.rules(
-        slot.engine,
-        req.response_format,
-        req.goinfer_confidence,
-        req.tools,
-        req.tool_choice,
-        req.parallel_tool_calls,
-    )
-    messages = prepare_messages(
-        planning.chat_messages(list(req.messages)), rules.tools, slot.engine.info.chat_template
-    )
-    ids = await prompt_ids(slot, partial(slot.engine.chat_ids, **rules.template_vars()), messages)
-    job = planning.make_plan(
-        planning.openai_sampling(req), ids, slot.name, slot.engine.info.context_window, rules
-    )
-    builder = ChatChunks(slot.name, include_usage=req.include_usage or not req.stream)
-    return await run_plan(request, slot, job, builder, req.stream, partial(fold_chat, logprobs=job.logprobs))
+    return await pipeline.run(request, chat_job(await read_request(request, ChatRequest)))
 
 
 @routes.post("/v1/completions")
+@text_body
 async def completions(request: web.Request) -> web.StreamResponse:
-    app = request.app
-    req: CompletionRequest = parse(CompletionRequest, await read_body(request, app[CAPS].text))
-    planning.refuse_unsupported(req)
-    slot = app[REGISTRY].route(req.model)
-    rules = planning.rules(slot.engine, req.response_format, req.goinfer_confidence)
-    prompt = planning.completion_prompt(req)
-    if isinstance(prompt, str):
-        ids = await prompt_ids(slot, slot.engine.text_ids, prompt)
-    else:
-        vocab = slot.engine.info.vocab_size
-        if vocab and max(prompt) >= vocab:
-            raise bad_request(
-                f"prompt: token id {max(prompt)} is outside the vocabulary (size {vocab})", "prompt"
-            )
-        ids = list(prompt)
-    sampling, window = planning.openai_sampling(req), slot.engine.info.context_window
-    job = planning.make_plan(sampling, ids, slot.name, window, rules, prompt_field="prompt")
-    builder = CompletionChunks(slot.name, include_usage=req.include_usage or not req.stream)
-    return await run_plan(
-        request, slot, job, builder, req.stream, partial(fold_completion, logprobs=job.logprobs)
+    return await pipeline.run(request, completion_job(await read_request(request, CompletionRequest)))
+
+
+def chat_job(req: ChatRequest) -> Job:
+    refuse_unsupported(req)
+    usage = req.include_usage or not req.stream
+    return Job(
+        model=req.model,
+        sampling=openai_sampling(req),
+        reply=lambda plan: ChatChunks(plan.model, usage, plan.logprobs),
+        messages=chat_messages(list(req.messages)),
+        stream=req.stream,
+        response_format=req.response_format,
+        confidence=req.goinfer_confidence,
+        tools=req.tools,
+        tool_choice=req.tool_choice,
+        parallel_tool_calls=req.parallel_tool_calls,
     )
 
 
-async def run_plan(
-    request, slot: ModelSlot, job: planning.Plan, builder, stream: bool, fold
-) -> web.StreamResponse:
-    """Queue the plan on the model's worker; send its events as SSE, or their fold as one reply."""
-    cfg = request.app[CONFIG]
-    run = slot.submit(partial(job.deltas, slot.engine), cfg.poll_s, cfg.retry_after_s)
-    return await respond(request, run, builder, stream=stream, keepalive_s=cfg.keepalive_s, fold=fold)
+def completion_job(req: CompletionRequest) -> Job:
+    refuse_unsupported(req)
+    prompt = completion_prompt(req)
+    usage = req.include_usage or not req.stream
+    return Job(
+        model=req.model,
+        sampling=openai_sampling(req),
+        reply=lambda plan: CompletionChunks(plan.model, usage, plan.logprobs),
+        prompt=prompt if isinstance(prompt, str) else tuple(prompt),
+        prompt_field="prompt",
+        stream=req.stream,
+        response_format=req.response_format,
+        confidence=req.goinfer_confidence,
+    )
+
+
+def refuse_unsupported(req: SamplingRequest) -> None:
+    if req.n not in (None, 1):
+        raise bad_request(f"n={req.n}: only n=1 is supported", param="n")
+    if req.logit_bias:
+        raise unsupported("logit_bias is not supported", "logit_bias")
+    if isinstance(req, CompletionRequest):
+        if req.echo:
+            raise unsupported("echo is not supported", "echo")
+        if req.suffix:
+            raise unsupported("suffix is not supported", "suffix")
+        if req.best_of not in (None, 1):
+            raise bad_request(f"best_of={req.best_of}: only 1 is supported", param="best_of")
+
+
+def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """Request messages -> the dicts a chat template reads.
+
+    `developer` is OpenAI's newer name for `system`: renamed in place. When several system
+    messages are sent, the last one wins (earlier ones are dropped), wherever it stands.
+    """
+    out: list[dict[str, Any]] = []
+    last_system = max((i for i, m in enumerate(messages) if m.role in ("system", "developer")), default=-1)
+    for i, m in enumerate(messages):
+        role = "system" if m.role == "developer" else m.role
+        if role == "system" and i != last_system:
+            continue
+        if m.content is None and m.role != "assistant":  # an assistant turn may only call tools
+            where = f"messages.{i}.content"
+            raise bad_request(f"{where} is required for role {m.role!r}", param=where)
+        d = m.model_dump(exclude_none=True)
+        d["role"], d["content"] = role, text_of(d.get("content"), f"messages.{i}.content")
+        out.append(d)
+    return out
+
+
+def completion_prompt(req: CompletionRequest) -> str | list[int]:
+    """The one prompt of a completions request: text, or token ids."""
+    p = req.prompt
+    if isinstance(p, list) and p and isinstance(p[0], (str, list)):
+        if len(p) != 1:
+            raise bad_request(f"prompt: {len(p)} prompts given; only one per request is supported", "prompt")
+        p = p[0]
+    if not p:
+        raise bad_request("prompt is empty", param="prompt")
+    return p  # type: ignore[return-value]
+
+
+def openai_sampling(req: SamplingRequest) -> Sampling:
+    """The knobs of /v1/chat/completions or /v1/completions."""
+    if isinstance(req, ChatRequest):
+        field, asked = (
+            ("max_completion_tokens", req.max_completion_tokens)
+            if req.max_completion_tokens is not None
+            else ("max_tokens", req.max_tokens)
+        )
+        logprobs, top, default = req.logprobs, req.top_logprobs or 0, None
+        if top and not logprobs:
+            raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")
+    else:
+        assert isinstance(req, CompletionRequest)
+        field, asked, default = "max_tokens", req.max_tokens, DEFAULT_COMPLETION_MAX_TOKENS
+        logprobs, top = req.logprobs is not None, req.logprobs or 0
+    return Sampling(
+        req.temperature,
+        req.top_p,
+        req.top_k,
+        req.min_p,
+        req.seed,
+        req.frequency_penalty,
+        req.presence_penalty,
+        asked,
+        field,
+        default,
+        req.stops,
+        logprobs,
+        top,
+    )
 
 
 @routes.get("/v1/models")
 async def models(request: web.Request) -> web.Response:
-    app = request.app
-    data = [model_entry(slot, app[STARTED]) for slot in app[REGISTRY].slots.values()]
+    created = request.config_dict[STARTED]
+    data = [model_entry(slot, created) for slot in request.config_dict[REGISTRY].slots.values()]
     return web.json_response({"object": "list", "data": data})
 
 
@@ -129,6 +172,6 @@ def model_entry(slot: ModelSlot, created: int) -> dict[str, Any]:
 
 @routes.get("/health")
 async def health(request: web.Request) -> web.Response:
-    reg = request.app[REGISTRY]
+    reg = request.config_dict[REGISTRY]
     models = {name: {"running_or_queued": s.admitted} for name, s in reg.slots.items()}
     return web.json_response({"status": "ok", "models": models, "loading": sorted(reg.loading)})

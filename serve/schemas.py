@@ -8,15 +8,17 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
+from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import APIError, bad_request
+from .middleware import body_cap_for
 
 MAX_STOPS = 4
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
 
-class _Body(BaseModel):
+class Body(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
 
 
@@ -35,11 +37,11 @@ class ChatMessage(BaseModel):
     tool_call_id: str | None = None
 
 
-class StreamOptions(_Body):
+class StreamOptions(Body):
     include_usage: bool = False
 
 
-class SamplingRequest(_Body):
+class SamplingRequest(Body):
     """The knobs both routes share."""
 
     model: str | None = None
@@ -92,17 +94,35 @@ class CompletionRequest(SamplingRequest):
     best_of: Annotated[int, Field(ge=1)] | None = None
 
 
-class LoadRequest(_Body):
+class LoadRequest(Body):
     name: str | None = None
     path: str
     quant: str | None = None
 
 
-class UnloadRequest(_Body):
+class UnloadRequest(Body):
     name: str
 
 
-def parse(model: type[_Body], body: bytes) -> Any:
+async def read_request(request: web.Request, model: type[Body]) -> Any:
+    """The body, read under the route's cap and validated as `model`."""
+    return parse(model, await read_body(request, body_cap_for(request)))
+
+
+async def read_body(request: web.Request, cap: int) -> bytes:
+    """The body, refusing past `cap` bytes (Content-Length was checked before; this covers chunked)."""
+    parts, size = [], 0
+    while chunk := await request.content.read(64 * 1024):
+        size += len(chunk)
+        if size > cap:
+            raise APIError(
+                413, f"request body is over the {cap}-byte cap for {request.path}", code="body_too_large"
+            )
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def parse(model: type[Body], body: bytes) -> Any:
     """Validate a JSON body; the first problem becomes a 400 naming its field."""
     if not body.strip():
         raise bad_request("request body is empty: expected a JSON object", code="missing_body")

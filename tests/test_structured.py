@@ -141,6 +141,41 @@ async def test_named_tool_is_forced_from_the_first_token(aiohttp_client, streame
     assert json.loads(call["function"]["arguments"])["tz"] in ("UTC", "CET")
 
 
+NAMED = {"type": "function", "function": {"name": "get_time"}}
+
+
+@pytest.mark.parametrize("choice", ["auto", "required", NAMED])
+async def test_a_tools_request_compiles_its_grammar_once(aiohttp_client, monkeypatch, choice):
+    """Once, with the model's tokenizer, before the prefill; checked without it only where a named
+    tool leaves others out of the grammar (their schemas are still held to the same rule)."""
+    import llguidance
+    from goinfer.runtime import grammar
+
+    built, checked = [], []
+    real = llguidance.LLMatcher
+
+    class Counting:
+        def __call__(self, *args: Any, **kw: Any) -> Any:
+            built.append(args[1])
+            return real(*args, **kw)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+    def spy(fn):
+        return lambda *args, **kw: checked.append(fn.__name__) or fn(*args, **kw)
+
+    monkeypatch.setattr(llguidance, "LLMatcher", Counting())
+    for name in ("compile_lark", "compile_json_schema"):
+        monkeypatch.setattr(grammar, name, spy(getattr(grammar, name)))
+    engine = GrammarEngine(_call_script("get_time", {"tz": "UTC"}))
+    client = await client_for(aiohttp_client, engine)
+    status, reply = await post(client, {"tools": [WEATHER, TIME], "tool_choice": choice, "temperature": 0})
+    assert status == 200 and reply["choices"][0]["finish_reason"] == "tool_calls"
+    assert len(built) == 1 and engine.constrained == [True]
+    assert checked == (["compile_json_schema"] if choice is NAMED else [])  # WEATHER's, left out
+
+
 async def test_required_calls_one_of_the_tools_with_valid_arguments(aiohttp_client):
     engine = GrammarEngine(_call_script("get_weather", {"city": "Paris", "when": "now"}))
     client = await client_for(aiohttp_client, engine)

@@ -1,12 +1,13 @@
 """Tool calling: the request's tools and tool_choice, the prompt, the constraint, the parser.
 
-- `plan_tools` reads `tools` / `tool_choice` (400 on a bad schema or an unknown named tool).
+- `plan_tools` reads `tools` / `tool_choice` (400 on a bad tool or an unknown named tool).
 - The call format follows the checkpoint's chat template (hermes `<tool_call>`, llama3, mistral).
   A template that renders tools itself gets them as the `tools` variable; one that does not gets
   the documented fallback: the tools described in the system message in the Hermes form, and
   earlier calls and results replayed as `<tool_call>` / `<tool_response>` text.
-- `ToolPlan.constraint` is the grammar mask: a named tool or `required` is constrained from the
-  first token; `auto` from the moment the model writes the opener, so prose decodes untouched.
+- `ToolPlan.constraint` is the grammar mask, compiled once with the model's tokenizer: a named tool
+  or `required` is constrained from the first token; `auto` from the moment the model writes the
+  opener, so prose decodes untouched. A schema llguidance cannot compile is a 400 naming the tool.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from goinfer.runtime import grammar as g
 
-from ..errors import bad_request
+from ..errors import APIError, bad_request
 from . import hermes, llama3, mistral
 from .base import Call, CallFormat, Tool, bare_call_end
 
@@ -56,23 +58,40 @@ class ToolPlan:
         """Constrained from the first token (the prompt is then rendered thinking-off)."""
         return self.choice != "auto"
 
-    def grammar(self, tok: g.GrammarTokenizer | None = None) -> str:
-        tools = [t for t in self.tools if t.name == self.named] if self.named else list(self.tools)
-        lark = self.fmt.call_grammar(tools, self.parallel and not self.named, tok.get() if tok else None)
+    def constraint(self, tok: g.GrammarTokenizer, token_text: Callable[[int], str]) -> g.Constraint:
+        """The call grammar compiled once, with the tokenizer (tags that are special tokens match
+        as those tokens). Blocking: the tokenizer may still be building."""
+        llg = tok.get()
+        called = [t for t in self.tools if t.name == self.named] if self.named else list(self.tools)
+        lark = self.fmt.call_grammar(called, self.parallel and not self.named, llg)
         try:
-            return g.compile_lark(lark)
+            matcher = tok.matcher(lark)
         except g.GrammarError as e:
-            raise bad_request(f"tools: the call grammar cannot be built: {e}", param="tools") from None
-
-    def constraint(self, tok: g.GrammarTokenizer, token_text) -> g.Constraint:
-        grammar = self.grammar(tok)
+            raise self._refusal(e) from None
+        for i, t in enumerate(self.tools):
+            if self.named and t.name != self.named:  # shown to the model, not callable: same rule
+                self._check_schema(i, t)
 
         def body() -> g.GrammarConstraint:
-            return g.GrammarConstraint(tok.matcher(grammar), tok.vocab_size)
+            return g.GrammarConstraint(matcher, tok.vocab_size)
 
         if self.choice == "auto":
             return g.TriggeredConstraint(self.fmt.opener, body, token_text)
-        return g.PrefixedConstraint(tok.get().tokenize_str(self.fmt.opener), body(), tok.vocab_size)
+        return g.PrefixedConstraint(llg.tokenize_str(self.fmt.opener), body(), tok.vocab_size)
+
+    def _refusal(self, e: g.GrammarError) -> APIError:
+        """The 400 for a call grammar that did not compile: the first tool whose schema is at fault."""
+        for i, t in enumerate(self.tools):
+            self._check_schema(i, t)
+        return bad_request(f"tools: the call grammar cannot be built: {e}", param="tools")
+
+    @staticmethod
+    def _check_schema(i: int, t: Tool) -> None:
+        try:
+            g.compile_json_schema(t.parameters)
+        except g.GrammarError as e:
+            what = f"tools.{i}.function.parameters"
+            raise bad_request(f"{what} is not a usable JSON schema: {e}", param=what) from None
 
     def reply_end(self, text: str) -> int | None:
         """A reply that opens with a bare call to a supplied tool ends with that call's object."""
@@ -82,7 +101,9 @@ class ToolPlan:
         return {"tools": [t.openai() for t in self.tools]} if self.native else {}
 
 
-def plan_tools(tools: list[dict[str, Any]] | None, tool_choice: Any, parallel: bool | None, template: str):
+def plan_tools(
+    tools: list[dict[str, Any]] | None, tool_choice: Any, parallel: bool | None, template: str
+) -> ToolPlan | None:
     """The request's tools, or None when no tool may be called (none given, or tool_choice none)."""
     if not tools:
         if tool_choice not in (None, "none", "auto"):
@@ -98,9 +119,7 @@ def plan_tools(tools: list[dict[str, Any]] | None, tool_choice: Any, parallel: b
     fmt, native = call_format(template)
     # One call per reply unless parallel_tool_calls is true (llama.cpp's default too): a small model
     # allowed another call after each one tends to repeat the same call until max_tokens.
-    plan = ToolPlan(parsed, choice, named, parallel is True, fmt, native)
-    plan.grammar()  # a schema llguidance cannot compile is a 400 now, before any prefill
-    return plan
+    return ToolPlan(parsed, choice, named, parallel is True, fmt, native)
 
 
 def _tool(t: Any, i: int) -> Tool:
@@ -115,10 +134,6 @@ def _tool(t: Any, i: int) -> Tool:
     what = f"{where}.function.parameters"
     if not isinstance(params, dict):
         raise bad_request(f"{what} must be a JSON schema object", param=what)
-    try:
-        g.compile_json_schema(params)
-    except g.GrammarError as e:
-        raise bad_request(f"{what} is not a usable JSON schema: {e}", param=what) from None
     return Tool(fn["name"], str(fn.get("description") or ""), params)
 
 
