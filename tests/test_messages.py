@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import sdk_models
 from fake_engine import GrammarEngine, ScriptedEngine, render
 from goinfer.serve.app import create_app
 from goinfer.serve.config import ServeConfig
@@ -33,7 +34,13 @@ def body(**kw: Any) -> dict[str, Any]:
 async def events(client, payload: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     r = await client.post("/v1/messages", json={**payload, "stream": True}, headers=HEADERS)
     assert r.status == 200 and r.headers["Content-Type"].startswith("text/event-stream")
-    return [(d["type"], d) for d in named_events((await r.read()).decode())]
+    return [(d["type"], sdk_models.message_event(d)) for d in named_events((await r.read()).decode())]
+
+
+async def message(resp) -> dict[str, Any]:
+    """A created message's body, checked against the SDK's Message."""
+    assert resp.status == 200, await resp.text()
+    return sdk_models.message(await resp.json())
 
 
 async def test_create_has_the_message_shape(aiohttp_client):
@@ -41,8 +48,7 @@ async def test_create_has_the_message_shape(aiohttp_client):
     r = await client.post("/v1/messages", json=body(system="be brief", metadata={"user_id": "u"},
                                                     thinking={"type": "enabled", "budget_tokens": 1024}),
                           headers=HEADERS)  # fmt: skip
-    assert r.status == 200
-    m = await r.json()
+    m = await message(r)
     assert m["type"] == "message" and m["role"] == "assistant" and m["id"].startswith("msg_")
     assert m["content"] == [{"type": "text", "text": "Hello world!"}]
     assert m["stop_reason"] == "end_turn" and m["stop_sequence"] is None and m["model"] == "fake"
@@ -61,16 +67,16 @@ async def test_stream_event_order_and_fold(aiohttp_client):
     delta = {"stop_reason": "end_turn", "stop_sequence": None}
     assert evs[-2][1] == {"type": "message_delta", "delta": delta, "usage": {"output_tokens": 5}}
     folded = fold_message(d for _, d in evs)
-    whole = await (await client.post("/v1/messages", json=body())).json()
+    whole = await message(await client.post("/v1/messages", json=body()))
     assert folded["content"] == whole["content"] and folded["usage"] == whole["usage"]
 
 
 async def test_stop_sequences(aiohttp_client):
     client = await client_for(aiohttp_client)
-    m = await (await client.post("/v1/messages", json=body(stop_sequences=["wor", "zzz"]))).json()
+    m = await message(await client.post("/v1/messages", json=body(stop_sequences=["wor", "zzz"])))
     assert m["content"] == [{"type": "text", "text": "Hello "}]
     assert m["stop_reason"] == "stop_sequence" and m["stop_sequence"] == "wor"
-    m = await (await client.post("/v1/messages", json=body(max_tokens=2))).json()
+    m = await message(await client.post("/v1/messages", json=body(max_tokens=2)))
     assert m["stop_reason"] == "max_tokens"
 
 
@@ -91,7 +97,7 @@ async def test_errors_use_anthropics_envelope(aiohttp_client, payload, status, k
     client = await client_for(aiohttp_client)
     r = await client.post("/v1/messages", json=payload)
     assert r.status == status
-    err = await r.json()
+    err = sdk_models.anthropic_error(await r.json())
     assert set(err) == {"type", "error"} and err["type"] == "error"
     assert err["error"]["type"] == kind and needle in err["error"]["message"]
 
@@ -99,7 +105,8 @@ async def test_errors_use_anthropics_envelope(aiohttp_client, payload, status, k
 async def test_auth_takes_x_api_key_or_bearer(aiohttp_client):
     client = await client_for(aiohttp_client, api_key="sekrit")
     r = await client.post("/v1/messages", json=body())
-    assert r.status == 401 and (await r.json())["error"]["type"] == "authentication_error"
+    assert r.status == 401
+    assert sdk_models.anthropic_error(await r.json())["error"]["type"] == "authentication_error"
     for headers in ({"x-api-key": "sekrit"}, {"Authorization": "Bearer sekrit"}):
         assert (await client.post("/v1/messages", json=body(), headers={**HEADERS, **headers})).status == 200
 
@@ -107,8 +114,10 @@ async def test_auth_takes_x_api_key_or_bearer(aiohttp_client):
 async def test_count_tokens_counts_what_create_prefills(aiohttp_client):
     client = await client_for(aiohttp_client)
     payload = {"model": "fake", "system": [{"type": "text", "text": "rules"}], "messages": HI}
-    counted = await (await client.post("/v1/messages/count_tokens", json=payload)).json()
-    created = await (await client.post("/v1/messages", json={**payload, "max_tokens": 8})).json()
+    counted = sdk_models.token_count(
+        await (await client.post("/v1/messages/count_tokens", json=payload)).json()
+    )
+    created = await message(await client.post("/v1/messages", json={**payload, "max_tokens": 8}))
     assert counted == {"input_tokens": created["usage"]["input_tokens"]}
 
 
@@ -123,7 +132,7 @@ async def test_forced_tool_use_then_a_tool_result_turn(aiohttp_client, streamed)
         assert any(d.get("delta", {}).get("type") == "input_json_delta" for _, d in evs)
         m = fold_message(d for _, d in evs)
     else:
-        m = await (await client.post("/v1/messages", json=payload)).json()
+        m = await message(await client.post("/v1/messages", json=payload))
     assert m["stop_reason"] == "tool_use"
     (use,) = m["content"]
     assert use["type"] == "tool_use" and use["name"] == "get_weather" and use["id"].startswith("toolu_")

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import pytest
+import sdk_models
 from fake_engine import GrammarEngine, ScriptedEngine
 from goinfer.serve.app import create_app
 from goinfer.serve.config import ServeConfig
@@ -27,12 +28,12 @@ async def client_for(aiohttp_client, engine=None, **config: Any):
 async def create(client, **kw: Any) -> dict[str, Any]:
     r = await client.post("/v1/responses", json={"model": "fake", "input": "hi", **kw})
     assert r.status == 200, await r.text()
-    return await r.json()
+    return sdk_models.response(await r.json())
 
 
 async def stream(client, **kw: Any) -> list[dict[str, Any]]:
     r = await client.post("/v1/responses", json={"model": "fake", "input": "hi", **kw, "stream": True})
-    return named_events((await r.read()).decode())
+    return [sdk_models.response_event(e) for e in named_events((await r.read()).decode())]
 
 
 def text_of(resp: dict[str, Any]) -> str:
@@ -81,7 +82,7 @@ async def test_store_previous_response_id_and_retrieve(aiohttp_client):
     engine = ScriptedEngine(context_window=4096)
     client = await client_for(aiohttp_client, engine, responses_store=2)
     first = await create(client, instructions="rules")
-    got = await (await client.get(f"/v1/responses/{first['id']}")).json()
+    got = sdk_models.response(await (await client.get(f"/v1/responses/{first['id']}")).json())
     assert got == first
     await create(client, input=[{"role": "user", "content": [{"type": "input_text", "text": "more"}]}],
                  previous_response_id=first["id"])  # fmt: skip
@@ -93,7 +94,8 @@ async def test_store_previous_response_id_and_retrieve(aiohttp_client):
     r = await client.post(
         "/v1/responses", json={"model": "fake", "input": "x", "previous_response_id": "resp_nope"}
     )
-    assert r.status == 404 and (await r.json())["error"]["param"] == "previous_response_id"
+    assert r.status == 404
+    assert sdk_models.openai_error(await r.json())["error"]["param"] == "previous_response_id"
     unstored = await create(client, store=False)
     assert (await client.get(f"/v1/responses/{unstored['id']}")).status == 404
     await create(client)
@@ -163,7 +165,7 @@ async def test_text_format_json_schema(aiohttp_client):
 async def test_bad_requests_are_400(aiohttp_client, body, param):
     client = await client_for(aiohttp_client, GrammarEngine())
     r = await client.post("/v1/responses", json={"model": "fake", "input": "hi", **body})
-    assert r.status == 400 and (await r.json())["error"]["param"] == param
+    assert r.status == 400 and sdk_models.openai_error(await r.json())["error"]["param"] == param
 
 
 async def test_the_openai_sdk_round_trips(aiohttp_client):

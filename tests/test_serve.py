@@ -8,6 +8,7 @@ import threading
 from typing import Any
 
 import pytest
+import sdk_models
 from fake_engine import PIECES, SampledEngine, ScriptedEngine, render
 from goinfer.serve.app import create_app
 from goinfer.serve.chunks import fold_chat, fold_completion
@@ -30,6 +31,7 @@ async def client_for(aiohttp_client, engines: dict | None = None, loader=None, *
 
 def assert_envelope(body: dict[str, Any], param: str | None = None, code: str | None = None) -> str:
     assert set(body) == {"error"}, body
+    sdk_models.openai_error(body)
     err = body["error"]
     assert set(err) == {"message", "type", "param", "code"}, err
     assert isinstance(err["message"], str) and err["message"] and isinstance(err["type"], str)
@@ -51,7 +53,13 @@ async def sse_events(resp) -> list[str]:
 async def stream_chunks(resp) -> list[dict[str, Any]]:
     events = await sse_events(resp)
     assert events[-1] == "[DONE]", events[-1:]
-    return [json.loads(e) for e in events[:-1]]
+    return [sdk_models.chunk(json.loads(e)) for e in events[:-1]]
+
+
+async def checked_reply(resp) -> dict[str, Any]:
+    """A generation's JSON reply, checked against the SDK's type for its object."""
+    assert resp.status == 200, await resp.text()
+    return sdk_models.openai_reply(await resp.json())
 
 
 def content_of(chunks: list[dict[str, Any]]) -> str:
@@ -216,7 +224,7 @@ async def test_chat_reply_shape_and_exact_usage(aiohttp_client):
     client = await client_for(aiohttp_client)
     resp = await client.post("/v1/chat/completions", json=chat(temperature=0))
     assert resp.status == 200
-    body = await resp.json()
+    body = await checked_reply(resp)
     assert (
         body["object"] == "chat.completion" and body["model"] == "fake" and body["id"].startswith("chatcmpl-")
     )
@@ -234,13 +242,13 @@ async def test_chat_reply_shape_and_exact_usage(aiohttp_client):
 async def test_max_tokens_and_max_completion_tokens_cut_with_length(aiohttp_client):
     engine = ScriptedEngine()
     client = await client_for(aiohttp_client, {"fake": engine})
-    body = await (await client.post("/v1/chat/completions", json=chat(max_tokens=2))).json()
+    body = await checked_reply(await client.post("/v1/chat/completions", json=chat(max_tokens=2)))
     assert body["choices"][0]["message"]["content"] == "Hello"
     assert body["choices"][0]["finish_reason"] == "length" and body["usage"]["completion_tokens"] == 2
     # max_completion_tokens (the newer name) wins over max_tokens
-    body = await (
+    body = await checked_reply(
         await client.post("/v1/chat/completions", json=chat(max_tokens=4, max_completion_tokens=3))
-    ).json()
+    )
     assert body["choices"][0]["message"]["content"] == "Hello wor"
     # left out: the rest of the context window
     await client.post("/v1/chat/completions", json=chat())
@@ -274,7 +282,7 @@ async def test_stop_strings_match_across_tokens_and_are_never_sent(
     aiohttp_client, stop, content, completion_tokens
 ):
     client = await client_for(aiohttp_client)
-    body = await (await client.post("/v1/chat/completions", json=chat(stop=stop))).json()
+    body = await checked_reply(await client.post("/v1/chat/completions", json=chat(stop=stop)))
     assert body["choices"][0]["message"]["content"] == content
     assert body["usage"]["completion_tokens"] == completion_tokens
     assert body["choices"][0]["finish_reason"] == "stop"
@@ -317,7 +325,7 @@ async def test_include_usage_adds_a_last_usage_chunk(aiohttp_client):
 async def test_non_stream_reply_is_the_folded_stream(aiohttp_client, stop):
     client = await client_for(aiohttp_client)
     req = chat(logprobs=True, top_logprobs=2, stop=stop)
-    whole = await (await client.post("/v1/chat/completions", json=req)).json()
+    whole = await checked_reply(await client.post("/v1/chat/completions", json=req))
     opts = {"stream": True, "stream_options": {"include_usage": True}}
     folded = fold_chat(
         await stream_chunks(await client.post("/v1/chat/completions", json={**req, **opts})), True
@@ -332,7 +340,7 @@ async def test_non_stream_reply_is_the_folded_stream(aiohttp_client, stop):
     assert all(len(e["top_logprobs"]) == 2 and e["bytes"] == list(e["token"].encode()) for e in lps)
 
     req = {"model": "fake", "prompt": "ab", "logprobs": 1, "stop": stop}
-    whole = await (await client.post("/v1/completions", json=req)).json()
+    whole = await checked_reply(await client.post("/v1/completions", json=req))
     streamed = await stream_chunks(await client.post("/v1/completions", json={**req, **opts}))
     folded = fold_completion(streamed, True)
     for reply in (whole, folded):
@@ -344,14 +352,14 @@ async def test_non_stream_reply_is_the_folded_stream(aiohttp_client, stop):
 
 async def test_completions_take_text_or_token_ids(aiohttp_client):
     client = await client_for(aiohttp_client)
-    body = await (await client.post("/v1/completions", json={"model": "fake", "prompt": "abc"})).json()
+    body = await checked_reply(await client.post("/v1/completions", json={"model": "fake", "prompt": "abc"}))
     assert body["object"] == "text_completion" and body["choices"][0]["text"] == "Hello world!"
     assert body["usage"]["prompt_tokens"] == 3
-    body = await (
+    body = await checked_reply(
         await client.post("/v1/completions", json={"model": "fake", "prompt": [[5, 6, 7, 8]]})
-    ).json()
+    )
     assert body["usage"]["prompt_tokens"] == 4
-    body = await (await client.post("/v1/completions", json={"prompt": "abc", "max_tokens": 1})).json()
+    body = await checked_reply(await client.post("/v1/completions", json={"prompt": "abc", "max_tokens": 1}))
     assert body["choices"][0]["text"] == "Hel"  # a lone model serves a request that names none
 
 
@@ -387,7 +395,9 @@ async def test_a_seed_reproduces_through_the_server(aiohttp_client):
     client = await client_for(aiohttp_client, {"fake": SampledEngine()})
 
     async def reply(**kw):
-        body = await (await client.post("/v1/chat/completions", json=chat(temperature=1.0, **kw))).json()
+        body = await checked_reply(
+            await client.post("/v1/chat/completions", json=chat(temperature=1.0, **kw))
+        )
         return body["choices"][0]["message"]["content"]
 
     a, b = await reply(seed=5), await reply(seed=5)
@@ -398,7 +408,7 @@ async def test_a_seed_reproduces_through_the_server(aiohttp_client):
 
 async def test_models_and_health(aiohttp_client):
     client = await client_for(aiohttp_client, {"a": ScriptedEngine(context_window=99), "b": ScriptedEngine()})
-    body = await (await client.get("/v1/models")).json()
+    body = sdk_models.models(await (await client.get("/v1/models")).json())
     assert body["object"] == "list" and [m["id"] for m in body["data"]] == ["a", "b"]
     first = body["data"][0]
     assert first["context_window"] == 99 and first["vision"] is False
@@ -435,7 +445,7 @@ async def test_a_full_queue_is_429_and_the_rest_succeed(aiohttp_client):
     assert len(admitted) == 3
     for resp in admitted:
         assert resp.status == 200
-        assert (await resp.json())["choices"][0]["message"]["content"] == "Hello world!"
+        assert (await checked_reply(resp))["choices"][0]["message"]["content"] == "Hello world!"
 
 
 async def test_distinct_models_run_in_parallel(aiohttp_client):
@@ -498,7 +508,7 @@ async def test_admin_load_and_unload(aiohttp_client):
         aiohttp_client, {"busy": busy}, loader=loader, allow_admin=True, unload_drain_wait_s=0.1
     )
     resp = await client.post("/admin/models/load", json={"path": "/m/extra.giw", "name": "extra"})
-    assert resp.status == 200 and (await resp.json())["loaded"]["id"] == "extra"
+    assert resp.status == 200 and sdk_models.model((await resp.json())["loaded"])["id"] == "extra"
     assert (await client.post("/v1/chat/completions", json=chat(model="extra"))).status == 200
     resp = await client.post("/admin/models/load", json={"path": "/m/extra.giw", "name": "extra"})
     assert resp.status == 400

@@ -13,6 +13,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+import sdk_models
 from fake_engine import GrammarEngine
 from goinfer.serve.app import create_app
 from goinfer.serve.chunks import fold_chat
@@ -49,7 +50,7 @@ async def client_for(aiohttp_client, engine: GrammarEngine):
 
 async def post(client, body: dict[str, Any], path: str = "/v1/chat/completions"):
     r = await client.post(path, json={"model": "fake", "messages": HELLO, **body})
-    return r.status, await r.json()
+    return r.status, sdk_models.openai_reply(await r.json())
 
 
 async def stream(client, body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -60,7 +61,7 @@ async def stream(client, body: dict[str, Any]) -> list[dict[str, Any]]:
     text = (await r.read()).decode()
     events = [e[len("data: ") :] for e in text.split("\n\n") if e.startswith("data: ")]
     assert events[-1] == "[DONE]"
-    return [json.loads(e) for e in events[:-1]]
+    return [sdk_models.chunk(json.loads(e)) for e in events[:-1]]
 
 
 BAD_SCRIPT = '{"name": "a very long name indeed", "age": "old", "tags": [], "extra": 1}'
