@@ -32,6 +32,7 @@ def text_of(content: Any, where: str, kinds: frozenset[str] = TEXT) -> str:
 
 def refused(at: str, kind: Any, why: str = "only text parts are accepted") -> APIError:
     """The 400 for a part (or block) of a kind that cannot be read here."""
+    what = f"{at}: unsupported content part type {kind!r}"
     if isinstance(kind, str) and "image" in kind:
-        why = "image content needs a vision model (vision: false here)"
-    return bad_request(f"{at}: unsupported content part type {kind!r}; {why}", param=f"{at}.type")
+        return bad_request(f"{what}: image content needs a vision model (vision: false here)", f"{at}.type")
+    return bad_request(f"{what}; {why}", param=f"{at}.type")
