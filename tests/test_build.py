@@ -63,10 +63,10 @@ def test_weights_are_mapped_zero_copy(tiny_bundle) -> None:
 
     m = Model.load(tiny_bundle("gemma3", "int4"))
     base = (
-        int(m.bundle.tensor(m.manifest["params"][0]).ctypes.data)
-        - m.bundle.tensor_info(m.manifest["params"][0]).file_offset
+        int(m.bundle.tensor(m.manifest.params[0]).ctypes.data)
+        - m.bundle.tensor_info(m.manifest.params[0]).file_offset
     )
-    for name, t in zip(m.manifest["params"], m.params, strict=True):
+    for name, t in zip(m.manifest.params, m.params, strict=True):
         info = m.bundle.tensor_info(name)
         assert rt.data_pointer(t) == base + info.file_offset, name
 

@@ -93,16 +93,19 @@ def test_the_server_answers_a_long_prompt_and_refuses_one_over_the_window(tiny_b
     result = CliRunner().invoke(main, ["serve", "--model", f"tiny={bundle}", "--no-selftest"])
     assert result.exit_code == 0, result.output
 
-    async def ask(content: str) -> tuple[int, dict]:
+    async def ask(*contents: str) -> list[tuple[int, dict]]:
+        replies = []
         async with TestClient(TestServer(got["app"])) as client:
-            body = {"model": "tiny", "messages": [{"role": "user", "content": content}], "max_tokens": 3}
-            resp = await client.post("/v1/chat/completions", json={**body, "temperature": 0})
-            return resp.status, await resp.json()
+            for content in contents:
+                body = {"model": "tiny", "messages": [{"role": "user", "content": content}], "max_tokens": 3}
+                resp = await client.post("/v1/chat/completions", json={**body, "temperature": 0})
+                replies.append((resp.status, await resp.json()))
+        return replies
 
-    status, reply = asyncio.run(ask(long_text))
+    (status, reply), (status_over, over) = asyncio.run(ask(long_text, too_long))
     assert status == 200, reply
     assert reply["usage"]["prompt_tokens"] > PROMPT_TOKENS and reply["usage"]["completion_tokens"] >= 1
-    status, reply = asyncio.run(ask(too_long))
+    status, reply = status_over, over
     assert status == 400, reply
     assert reply["error"]["code"] == "context_length_exceeded"
     assert f"context window of {CONTEXT} tokens" in reply["error"]["message"]
