@@ -7,6 +7,7 @@ import json
 from collections.abc import Iterator
 
 import pytest
+import sdk_models
 from serve_process import serving
 
 pytestmark = pytest.mark.slow
@@ -37,7 +38,11 @@ def oai(url) -> openai.OpenAI:
 
 
 def test_messages_create_stream_and_count(claude):
-    m = claude.messages.create(model=NAME, max_tokens=40, messages=ASK, **GREEDY, system="You are terse.")
+    raw = claude.messages.with_raw_response.create(
+        model=NAME, max_tokens=40, messages=ASK, **GREEDY, system="You are terse."
+    )
+    sdk_models.message(raw.http_response.json())  # the SDK itself builds its object unchecked
+    m = raw.parse()
     text = m.content[0].text
     assert "Paris" in text and m.stop_reason in ("end_turn", "max_tokens")
     with claude.messages.stream(
@@ -81,7 +86,11 @@ def test_messages_role_400_and_auth_401(url, claude):
 
 
 def test_responses_plain_streamed_format_and_continued(oai):
-    r = oai.responses.create(model=NAME, input=ASK[0]["content"], temperature=0, max_output_tokens=40)
+    raw = oai.responses.with_raw_response.create(
+        model=NAME, input=ASK[0]["content"], temperature=0, max_output_tokens=40
+    )
+    r = raw.parse()
+    sdk_models.response(raw.http_response.json())
     assert "Paris" in r.output_text and r.status in ("completed", "incomplete") and r.id.startswith("resp_")
     with oai.responses.stream(model=NAME, input=ASK[0]["content"], temperature=0, max_output_tokens=40) as s:
         kinds = [e.type for e in s]

@@ -10,6 +10,7 @@ import asyncio
 from collections.abc import Iterator
 
 import pytest
+import sdk_models
 from serve_process import serving
 
 pytestmark = pytest.mark.slow
@@ -52,7 +53,11 @@ def test_sync_chat_models_and_errors(server, local) -> None:
     assert listed[0].model_extra["context_window"] == local.context_length
     assert listed[0].model_extra["vision"] is False
 
-    reply = client.chat.completions.create(model=NAME, messages=QUESTION, temperature=0, max_tokens=24)
+    raw = client.chat.completions.with_raw_response.create(
+        model=NAME, messages=QUESTION, temperature=0, max_tokens=24
+    )
+    sdk_models.chat(raw.http_response.json())  # the SDK itself builds its object unchecked
+    reply = raw.parse()
     text, n = _greedy(local, local.chat_prompt(QUESTION), 24)
     assert reply.choices[0].message.content == text
     assert "Paris" in text
