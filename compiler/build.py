@@ -14,13 +14,13 @@ import numpy as np
 from goinfer.artifacts import giw, manifest
 
 from . import __version__
+from .kernels.paging import PAGE_SIZE  # the attention kernels' page (no TVM imported)
 from .sources import load_checkpoint
 from .sources.base import Checkpoint, SourceTensor
 
 Progress = Callable[[str], None]
 
 TARGETS = ("llvm",)  # cuda and metal lower through the same pipeline once their schedules exist
-PAGE_SIZE = 16  # the attention kernels are built for it (lower/attention.py)
 # The longest prefill chunk: the KV cache sizes its per-forward buffers from it, and a chunk's
 # activations grow with it. Longer prompts run in several chunks.
 MAX_PREFILL_CHUNK = 2048
@@ -54,7 +54,7 @@ def build(
 ) -> BuildResult:
     from . import selftest
     from .lower import compile_cache  # TVM is imported here, not at `import goinfer.compiler`
-    from .models import FAMILIES
+    from .models import FAMILIES, build_model
     from .quant import QUANT_MODES, scheme_for
 
     t0 = time.perf_counter()
@@ -83,7 +83,7 @@ def build(
 
     progress(f"[2/5] building the {spec.family} graph ({options.quant})")
     target = compile_cache.tiers_for(options.target, options.num_cores)[0][1]
-    model = compile_cache.build_model(spec, family.LAYER, pick, ckpt.tensors, target)
+    model = build_model(spec, family.LAYER, pick, ckpt.tensors, target)
 
     # 3. Quantize: pack every weight (pure numpy), checking each against the model's parameters.
     tensors, schemes = _pack_weights(model, ckpt, progress)

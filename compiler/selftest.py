@@ -19,6 +19,7 @@ from tvm import te, tirx
 
 from .lower import tvm_api
 from .quant import f32, int4, int8, int8int8
+from .quant.scheme import Scheme
 
 # 37 rows: not a multiple of the 16-row block (exercises the clamped tails and padded rows); 256
 # columns: 8 int4 groups. 1 token: the decode path; 6 and 40 tokens: the prefill tiles with and
@@ -27,12 +28,12 @@ OUT, IN = 37, 256
 TOLERANCE = 1e-5  # max |got - want| / max |want|; the kernels measure ~5e-7 on every tier here
 
 
-def _te_kernel(scheme, m: int) -> tirx.PrimFunc:
+def _te_kernel(scheme: Scheme, m: int) -> tirx.PrimFunc:
     x = te.placeholder((m, IN), "float32", name="x")
     params = [
         te.placeholder(shape, dtype, name=n) for n, (shape, dtype) in scheme.param_specs(OUT, IN).items()
     ]
-    y = scheme.linear(x, *params)
+    y = scheme.matmul(OUT, IN)(x, *params)
     return te.create_prim_func([x, *params, y])
 
 
@@ -48,7 +49,7 @@ def fixtures(seed: int = 0) -> dict[str, tuple[tirx.PrimFunc, list[np.ndarray], 
     for m in (1, 6, 40):
         x = x40[:m]
         inputs = [x, p4["weight"], p4["scale"]]
-        out[f"int4_m{m}"] = (int4.kernel(OUT, IN), inputs, int4.reference(*inputs, OUT))
+        out[f"int4_m{m}"] = (int4.matmul(OUT, IN), inputs, int4.reference(*inputs, OUT))
 
     p8 = int8.pack(w)
     w8 = p8["weight"].astype(np.float64) * p8["scale"][:, None]
@@ -58,7 +59,7 @@ def fixtures(seed: int = 0) -> dict[str, tuple[tirx.PrimFunc, list[np.ndarray], 
     for m in (1, 6, 40):
         x = x40[:m]
         inputs = [x, p88["weight"], p88["wsum"], p88["scale"]]
-        out[f"int8int8_m{m}"] = (int8int8.kernel(OUT, IN), inputs, int8int8.reference(*inputs))
+        out[f"int8int8_m{m}"] = (int8int8.matmul(OUT, IN), inputs, int8int8.reference(*inputs))
 
     out["f32_m6"] = (
         _te_kernel(f32, 6),

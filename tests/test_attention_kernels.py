@@ -19,7 +19,8 @@ GQA = [(2, 2, 64), (1, 4, 256), (2, 14, 64), (1, 3, 40)]
 @pytest.fixture(scope="module")
 def compiled():
     import tvm
-    from goinfer.compiler.lower import attention, tvm_api
+    from goinfer.compiler.kernels import attention
+    from goinfer.compiler.lower import tvm_api
 
     target = tvm_api.make_target(tvm_api.host_target(2))
     cache = {}

@@ -11,7 +11,8 @@ import math
 import numpy as np
 import pytest
 import tvm
-from goinfer.compiler.lower import gated, tvm_api
+from goinfer.compiler.kernels import gated
+from goinfer.compiler.lower import tvm_api
 
 EXTREMES = [100, -100, 1e4, -1e4, 0, -0.0, 88, -88, 1e30, -1e30, 3e38, -3e38, 1e-30, 20, -20, 9]
 

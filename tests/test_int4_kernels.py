@@ -9,9 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
+from goinfer.compiler import kernels
+from goinfer.compiler.kernels.rowblock import prefetch_ahead
 from goinfer.compiler.lower import tvm_api
 from goinfer.compiler.quant import int4
-from goinfer.compiler.quant.lanes import prefetch_ahead
 from tvm.sym.analyzer import Analyzer
 
 TOLERANCE = 1e-5  # max |got - want| / max |want|, as the startup self-test holds them to
@@ -85,12 +86,12 @@ def test_activation_twin_and_reference_track_the_float_product():
 @pytest.mark.skipif(not HAS_VNNI, reason=f"host tier {HOST_TIER} has no AVX-512 VNNI")
 @pytest.mark.parametrize(("n", "k"), SHAPES)
 def test_vnni_kernel_matches_numpy(n, k):
-    _check(_compile(int4.kernel_variant(n, k, "vnni"), tvm_api.host_target(2)), n, k, TOKENS)
+    _check(_compile(kernels.int4.kernel_variant(n, k, "vnni"), tvm_api.host_target(2)), n, k, TOKENS)
 
 
 @pytest.mark.parametrize(("n", "k"), SHAPES)
 def test_avx2_kernel_matches_numpy(n, k):
-    _check(_compile(int4.kernel_variant(n, k, "avx2"), HASWELL), n, k, TOKENS)
+    _check(_compile(kernels.int4.kernel_variant(n, k, "avx2"), HASWELL), n, k, TOKENS)
 
 
 def test_avx2_int16_pair_sums_do_not_overflow():
@@ -100,7 +101,7 @@ def test_avx2_int16_pair_sums_do_not_overflow():
     packed["weight"][:] = 0xFFFFFFFF  # every nibble 15
     packed["scale"][:] = 1
     assert (int4.unpack_q(packed["weight"], n) == 7).all()
-    lib = _compile(int4.kernel_variant(n, k, "avx2"), HASWELL)
+    lib = _compile(kernels.int4.kernel_variant(n, k, "avx2"), HASWELL)
     for sign in (1.0, -1.0):
         x = np.full((2, k), sign, np.float32)
         y = tvm.runtime.tensor(np.zeros((2, n), np.float32))
@@ -128,12 +129,12 @@ def test_prefetch_runs_into_the_threads_next_task():
 
 @pytest.mark.parametrize(("n", "k"), [(37, 640), (50, 4864), (16, 64), (5, 32)])
 def test_portable_kernel_matches_numpy(n, k):
-    _check(_compile(int4.kernel_variant(n, k, "portable"), HASWELL), n, k, TOKENS)
+    _check(_compile(kernels.int4.kernel_variant(n, k, "portable"), HASWELL), n, k, TOKENS)
 
 
 def test_dispatched_kernel_picks_each_tiers_form():
     """`kernel` is the portable form, carrying the VNNI and AVX2 ones; compiling swaps in the tier's."""
-    func = int4.kernel(37, 256)
+    func = int4.matmul(37, 256)
 
     def script_for(mcpu: str) -> str:
         target = tvm_api.make_target({**tvm_api.host_target(2), "mcpu": mcpu})

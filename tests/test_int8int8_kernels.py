@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
+from goinfer.compiler import kernels
 from goinfer.compiler.lower import tvm_api
 from goinfer.compiler.quant import int8int8
 
@@ -72,12 +73,12 @@ def test_quantize_activations_twin():
 @pytest.mark.skipif(not HAS_VNNI, reason=f"host tier {HOST_TIER} has no AVX-512 VNNI")
 @pytest.mark.parametrize(("n", "k"), [*SHAPES, ODD_K])
 def test_vnni_kernel_matches_numpy(n, k):
-    _check(_compile(int8int8.kernel_variant(n, k, "vnni"), tvm_api.host_target(2)), n, k, TOKENS)
+    _check(_compile(kernels.int8int8.kernel_variant(n, k, "vnni"), tvm_api.host_target(2)), n, k, TOKENS)
 
 
 @pytest.mark.parametrize(("n", "k"), [*SHAPES, ODD_K])
 def test_avx2_kernel_matches_numpy(n, k):
-    _check(_compile(int8int8.kernel_variant(n, k, "avx2"), HASWELL), n, k, TOKENS)
+    _check(_compile(kernels.int8int8.kernel_variant(n, k, "avx2"), HASWELL), n, k, TOKENS)
 
 
 def test_avx2_sign_trick_holds_at_the_extremes():
@@ -87,7 +88,7 @@ def test_avx2_sign_trick_holds_at_the_extremes():
     rng = np.random.default_rng(5)
     packed = int8int8.pack(np.where(rng.random((n, k)) < 0.5, -1.0, 1.0).astype(np.float32))
     assert set(np.unique(int8int8.unpack(packed["weight"], n))) == {-127, 127}
-    lib = _compile(int8int8.kernel_variant(n, k, "avx2"), HASWELL)
+    lib = _compile(kernels.int8int8.kernel_variant(n, k, "avx2"), HASWELL)
     x = np.where(rng.random((3, k)) < 0.5, -1.0, 1.0).astype(np.float32)
     y = tvm.runtime.tensor(np.zeros((3, n), np.float32))
     lib["main"](tvm.runtime.tensor(x), *map(tvm.runtime.tensor, packed.values()), y)
@@ -97,16 +98,21 @@ def test_avx2_sign_trick_holds_at_the_extremes():
 
 @pytest.mark.parametrize(("n", "k"), [(37, 640), (50, 4864), (16, 64), (5, 128), ODD_K])
 def test_portable_kernel_matches_numpy(n, k):
-    _check(_compile(int8int8.kernel_variant(n, k, "portable"), HASWELL), n, k, TOKENS)
+    _check(_compile(kernels.int8int8.kernel_variant(n, k, "portable"), HASWELL), n, k, TOKENS)
 
 
 def test_portable_kernel_matches_numpy_on_host():
-    _check(_compile(int8int8.kernel_variant(48, 896, "portable"), tvm_api.host_target(2)), 48, 896, (1, 40))
+    _check(
+        _compile(kernels.int8int8.kernel_variant(48, 896, "portable"), tvm_api.host_target(2)),
+        48,
+        896,
+        (1, 40),
+    )
 
 
 def test_dispatched_kernel_picks_each_tiers_form():
     """`kernel` is the portable form, carrying the VNNI and AVX2 ones; compiling swaps in the tier's."""
-    func = int8int8.kernel(37, 256)
+    func = int8int8.matmul(37, 256)
 
     def script_for(mcpu: str) -> str:
         target = tvm_api.make_target({**tvm_api.host_target(2), "mcpu": mcpu})

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import pytest
 import tvm
-from goinfer.compiler.lower import attention, gated, kv_append
-from goinfer.compiler.quant import int4, int8int8
+from goinfer.compiler.kernels import attention, gated, int4, int8int8, kv_append
 
 
 def _children(node):

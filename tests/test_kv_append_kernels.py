@@ -33,7 +33,7 @@ def _t(a):
 @pytest.mark.parametrize("h_kv,d", [(3, 64), (1, 256), (2, 40)])
 @pytest.mark.parametrize("ntoken", [1, 300])
 def test_append_matches_the_stock_kernel(build, h_kv, d, ntoken):
-    from goinfer.compiler.lower import kv_append
+    from goinfer.compiler.kernels import kv_append
     from tvm.relax.frontend.nn.llm import kv_cache
 
     rng = np.random.default_rng(ntoken * 7 + d)
@@ -61,7 +61,7 @@ def test_append_matches_the_stock_kernel(build, h_kv, d, ntoken):
 @pytest.mark.parametrize("h_q,h_kv,d", [(9, 3, 64), (4, 1, 256), (6, 2, 40)])
 @pytest.mark.parametrize("seq_len", [1, 300])
 def test_split_matches_the_stock_kernel_without_rope(build, h_q, h_kv, d, seq_len):
-    from goinfer.compiler.lower import kv_append
+    from goinfer.compiler.kernels import kv_append
     from tvm.relax.frontend.nn.llm import position_embedding
 
     rng = np.random.default_rng(seq_len + d)
@@ -80,7 +80,7 @@ def test_split_matches_the_stock_kernel_without_rope(build, h_q, h_kv, d, seq_le
 
 def test_split_refuses_rope(build):
     """The cache is built with RopeMode.NONE: a call asking for RoPE is a wiring bug, not a no-op."""
-    from goinfer.compiler.lower import kv_append
+    from goinfer.compiler.kernels import kv_append
 
     h_q, h_kv, d = 2, 1, 16
     qkv = np.zeros((1, h_q + 2 * h_kv, d), np.float32)

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 import tvm
+from goinfer.compiler.kernels import int4, int8int8
 from goinfer.compiler.lower import tvm_api
-from goinfer.compiler.quant import int4, int8int8
 from tir_inspect import prefetch_localities
 
-SCHEMES = pytest.mark.parametrize("scheme", [int4, int8int8], ids=lambda s: s.NAME)
+SCHEMES = pytest.mark.parametrize("scheme", [int4, int8int8], ids=["int4", "int8int8"])
 
 
 @SCHEMES

@@ -1,7 +1,8 @@
 """Lower a model to a compiled library, or reuse the one compiled before for the same graph.
 
 The cache key is everything the compiled code depends on: the spec, the scheme of every weight,
-the target, the TVM version and the source of compiler/ itself. A hit skips export and compile.
+the target, the TVM version and the source that generates code (fingerprint.codegen_fingerprint).
+A hit skips export and compile.
 """
 
 from __future__ import annotations
@@ -11,15 +12,14 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from ..fingerprint import code_fingerprint
-from ..sources.base import SourceTensor
+from ..fingerprint import codegen_fingerprint
 from ..spec import ModelSpec
-from . import attention, kv_append, schedules, tvm_api
+from . import schedules, tvm_api
 
 
 @dataclass(frozen=True)
@@ -41,23 +41,21 @@ def tiers_for(name: str, num_cores: int | None) -> list[tuple[str, dict[str, Any
     return tvm_api.cpu_tiers(num_cores)
 
 
-def build_model(
-    spec: ModelSpec, layer_cls: type, pick: Callable, tensors: Mapping[str, SourceTensor], target: dict
-):
-    from ..models.decoder import CausalLM
-
-    return CausalLM(spec, layer_cls, pick, tensors, tvm_api.make_target(target))
+class Exportable(Protocol):
+    def exported(self) -> tuple[Any, list[tuple[str, Any]]]:
+        """The model's Relax module and its (name, parameter) list, as compiled."""
+        ...
 
 
 def compile_model(
-    model, spec: ModelSpec, schemes: dict[str, str], target: dict, progress: Callable[[str], None]
+    model: Exportable, spec: ModelSpec, schemes: dict[str, str], target: dict, progress: Callable[[str], None]
 ) -> Compiled:
     key_src = {
         "spec": spec.to_json(),
         "schemes": schemes,
         "target": target,
         "tvm": tvm_api.TVM_VERSION,
-        "code": code_fingerprint(),
+        "code": codegen_fingerprint(),
     }
     key = hashlib.sha256(json.dumps(key_src, sort_keys=True).encode()).hexdigest()[:32]
     entry = cache_dir() / key
@@ -67,7 +65,7 @@ def compile_model(
         return Compiled(lib.read_bytes(), json.loads(names.read_text()), target, True)
 
     t0 = time.perf_counter()
-    mod, params = _exported(model)
+    mod, params = model.exported()
     progress(
         f"      exported {len(mod.functions_items())} functions in {time.perf_counter() - t0:.1f}s; compiling"
     )
@@ -82,16 +80,3 @@ def compile_model(
         os.replace(tmp_lib, lib)
     progress(f"      compiled in {time.perf_counter() - t0:.1f}s")
     return Compiled(lib.read_bytes(), [n for n, _ in params], target, False)
-
-
-def _exported(model) -> tuple:
-    """The model's Relax module, exported once however many tiers compile it."""
-    if getattr(model, "_goinfer_exported", None) is None:
-        mod, params = tvm_api.export(model, model.export_spec())
-        spec = model.spec
-        mod = attention.use_ours(
-            mod, spec.num_kv_heads, spec.num_heads, spec.head_dim, tvm_api.kv_window(spec)
-        )
-        mod = kv_append.use_ours(mod, spec.num_kv_heads, spec.num_heads, spec.head_dim)
-        model._goinfer_exported = mod, params
-    return model._goinfer_exported

@@ -15,7 +15,9 @@ from tvm.s_tir import dlight
 from tvm.target import Target
 
 ROW_TILE = 16  # output rows per parallel task
-SERIAL_MAX = 8192  # loop iterations below which a kernel is not worth a parallel launch
+# Loop iterations below which a kernel is not worth a parallel launch: this schedule's, and the
+# hand-written norm and KV-copy kernels' (kernels/norm.py, kernels/kv_append.py).
+SERIAL_MAX = 8192
 
 
 def _blocks(sch: s_tir.Schedule) -> list:
@@ -68,7 +70,7 @@ def _try_reverse_compute_at(sch: s_tir.Schedule, block, loop) -> bool:
 
 
 class QuantMatmul(dlight.ScheduleRule):
-    """Our matmuls (block "qmatmul", reduction split as (word, lane) by quant/lanes.py).
+    """Our te matmuls (block "qmatmul", reduction split as (word, lane) by kernels/lanes.py).
 
     One accumulator per lane (rfactor), kept in registers; a task of ROW_TILE output rows per
     core; K streamed in storage order. The lane loop is unrolled so LLVM vectorizes it.

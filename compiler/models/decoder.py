@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import tvm
 from tvm import te, tirx
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
+from ..kernels import attention, kv_append
 from ..lower import tvm_api
 from ..sources.base import SourceTensor
 from ..spec import ModelSpec
@@ -141,6 +143,17 @@ class CausalLM(nn.Module):
         return tvm_api.paged_kv_cache(
             self.spec, self.target, max_batch_size, max_total_seq_len, prefill_chunk_size, page_size
         )
+
+    def exported(self) -> tuple[tvm.IRModule, list[tuple[str, nn.Parameter]]]:
+        """The Relax module, with our attention and KV-copy kernels in place of the cache's stock
+        ones, exported once however many tiers compile it."""
+        if getattr(self, "_goinfer_exported", None) is None:
+            mod, params = tvm_api.export(self, self.export_spec())
+            s = self.spec
+            mod = attention.use_ours(mod, s.num_kv_heads, s.num_heads, s.head_dim, tvm_api.kv_window(s))
+            mod = kv_append.use_ours(mod, s.num_kv_heads, s.num_heads, s.head_dim)
+            self._goinfer_exported = mod, params
+        return self._goinfer_exported
 
     def export_spec(self) -> nn.spec.ModuleSpec:
         kv = nn.spec.Object(object_type=tvm_api.PagedKVCache)

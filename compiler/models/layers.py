@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from types import ModuleType
 
 import numpy as np
 from tvm import te, tirx
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
-from ..lower import gated, norm
+from ..kernels import gated, norm
+from ..quant.scheme import Scheme
 from ..sources.base import SourceTensor
 from ..spec import ModelSpec
 
@@ -26,7 +26,7 @@ from ..spec import ModelSpec
 _KERNEL_ATTRS = {"op_pattern": 8, "tirx.noalias": True}
 
 # Picks the quant scheme for a weight from its checkpoint tensor (int4mix looks at its bits).
-SchemePicker = Callable[[SourceTensor], ModuleType]
+SchemePicker = Callable[[SourceTensor], Scheme]
 
 
 class Weighted(nn.Module):
@@ -46,7 +46,7 @@ def _concat_rows(tensors: Mapping[str, SourceTensor], names: tuple[str, ...]) ->
 class QLinear(Weighted):
     """y = x @ W^T (+ b), W packed by a quant scheme; several sources are fused along `out`."""
 
-    def __init__(self, scheme: ModuleType, in_features: int, out_features: int, sources: tuple[str, ...]):
+    def __init__(self, scheme: Scheme, in_features: int, out_features: int, sources: tuple[str, ...]):
         super().__init__()
         self.scheme, self.sources = scheme, sources
         self.in_features, self.out_features = in_features, out_features
@@ -67,15 +67,16 @@ class QLinear(Weighted):
 
     def forward(self, x: Tensor) -> Tensor:
         """x (tokens, in) -> (tokens, out)."""
-        if hasattr(self.scheme, "kernel"):  # a hand-scheduled TIR kernel
+        matmul = self.scheme.matmul(self.out_features, self.in_features)
+        if isinstance(matmul, tirx.PrimFunc):  # a hand-scheduled TIR kernel
             return op.tensor_ir_op(
-                self.scheme.kernel(self.out_features, self.in_features),
+                matmul,
                 f"{self.scheme.NAME}_linear",
                 [x, *self.params.values()],
                 out=Tensor.placeholder((x.shape[0], self.out_features), "float32"),
             )
         return op.tensor_expr_op(
-            self.scheme.linear, f"{self.scheme.NAME}_linear", [x, *self.params.values()], attrs=_KERNEL_ATTRS
+            matmul, f"{self.scheme.NAME}_linear", [x, *self.params.values()], attrs=_KERNEL_ATTRS
         )
 
     def take(self, ids: Tensor) -> Tensor:

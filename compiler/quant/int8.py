@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import numpy as np
-from tvm import te
 
-from .lanes import LANES, lane_matmul
+from ..kernels import int8 as tir
+from .scheme import ParamSpecs, TeLinear
 
 NAME = "int8"
 
 
-def param_specs(out_features: int, in_features: int) -> dict[str, tuple[tuple[int, ...], str]]:
+def param_specs(out_features: int, in_features: int) -> ParamSpecs:
     return {"weight": ((out_features, in_features), "int8"), "scale": ((out_features,), "float32")}
 
 
@@ -22,21 +22,8 @@ def pack(weight: np.ndarray) -> dict[str, np.ndarray]:
     return {"weight": q, "scale": scale}
 
 
-def dequant(weight: te.Tensor, scale: te.Tensor, n, k):
-    return weight[n, k].astype("float32") * scale[n]
+def matmul(out_features: int, in_features: int) -> TeLinear:
+    return tir.linear
 
 
-def linear(x: te.Tensor, weight: te.Tensor, scale: te.Tensor) -> te.Tensor:
-    # The row scale is constant along K, so it is applied once after the dot product.
-    def product(i, n, ko, ki):
-        k = ko * LANES + ki
-        return x[i, k] * weight[n, k].astype("float32")
-
-    acc = lane_matmul(x, weight.shape[0], product)
-    return te.compute(acc.shape, lambda i, n: acc[i, n] * scale[n], name="qmatmul_scale")
-
-
-def take(ids: te.Tensor, weight: te.Tensor, scale: te.Tensor) -> te.Tensor:
-    return te.compute(
-        (ids.shape[0], weight.shape[1]), lambda t, d: dequant(weight, scale, ids[t], d), name="qtake"
-    )
+take = tir.take

@@ -48,15 +48,14 @@ import tvm
 from tvm import tirx
 from tvm.script import tirx as T
 
+from .paging import PAGE_SIZE
 from .vector_math import exp2
 
 KEY_BLOCK = 16  # keys per online-softmax step; prefill: equal to PAGE_SIZE, a block is one page
 ROWS = 16  # query rows per prefill tile: the float32 lanes of one AVX-512 register
 PV_UNROLL = 8  # prefill: head_dim columns of output += p @ V summed at once
-PAGE_SIZE = 16  # the stock kernels' page size, which the cache's pages are laid out with
 LOG2E = math.log2(math.e)
 _MIN = -1e30  # a finite "minus infinity": exp2(_MIN - m) is 0 and never NaN
-# 2**f on [-0.5, 0.5], 2**0 exactly 1: least squares on the relative error, at most 1.1e-7
 
 # The stock kernels' names in the module TIRPagedKVCache builds (their global symbols, TVM 0.27).
 RAGGED = "batch_prefill_ragged_kv"

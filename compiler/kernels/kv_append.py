@@ -18,8 +18,9 @@ import tvm
 from tvm import tirx
 from tvm.script import tirx as T
 
-from .attention import PAGE_SIZE, swap_stock
-from .schedules import SERIAL_MAX
+from ..lower.schedules import SERIAL_MAX
+from .attention import swap_stock
+from .paging import PAGE_SIZE
 
 # The stock kernels' names in the module TIRPagedKVCache builds (their global symbols, TVM 0.27).
 APPEND = "tir_kv_cache_transpose_append"

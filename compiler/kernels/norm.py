@@ -24,8 +24,9 @@ import functools
 from tvm import tirx
 from tvm.script import tirx as T
 
+from ..lower.schedules import SERIAL_MAX  # calls of at most this many elements run serially
+
 LANES = 16  # one AVX-512 vector of float32 (two AVX2 ones)
-SERIAL_MAX = 8192  # calls of at most this many elements run serially
 
 
 def _sum_lanes(v, n: int):

@@ -1,0 +1,37 @@
+"""What a quantization scheme is: pure numpy packing, paired with the TIR that reads it back.
+
+Each scheme is a module of this package implementing `Scheme` (a module satisfies a Protocol by
+its attributes). Its numpy half (pack, and the numpy twins tests and the self-test check the
+kernels against) lives in the module; its TIR half in kernels/, which `matmul` and `take` point
+at. A model never sees how a weight is stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import numpy as np
+from tvm import te, tirx
+
+ParamSpecs = dict[str, tuple[tuple[int, ...], str]]  # param -> (shape, dtype)
+TeLinear = Callable[..., te.Tensor]  # (x, *params) -> y, a te compute the QuantMatmul schedule takes
+
+
+class Scheme(Protocol):
+    NAME: str  # the scheme's name in the manifest
+
+    def param_specs(self, out_features: int, in_features: int) -> ParamSpecs:
+        """The packed parameters of an (out, in) weight."""
+        ...
+
+    def pack(self, weight: np.ndarray) -> dict[str, np.ndarray]:
+        """(out, in) float32 -> the packed parameters; offline, at build time."""
+        ...
+
+    def matmul(self, out_features: int, in_features: int) -> tirx.PrimFunc | TeLinear:
+        """y = x @ W^T from the packed parameters, dequantizing in the loop: a hand-scheduled TIR
+        kernel, called as (x, *params, y), or a te compute."""
+        ...
+
+    take: Callable[..., te.Tensor]  # (ids, *params) -> embedding rows (a tied LM head's), dequantized
