@@ -54,7 +54,8 @@ def build(
 ) -> BuildResult:
     from . import selftest
     from .lower import compile_cache  # TVM is imported here, not at `import goinfer.compiler`
-    from .models import FAMILIES, build_model
+    from .models import FAMILIES, layer
+    from .models.decoder import build_model
     from .quant import QUANT_MODES, scheme_for
 
     t0 = time.perf_counter()
@@ -69,8 +70,7 @@ def build(
     # (Nothing is printed before the input is known good, so bad input gets exactly one line.)
     ckpt = load_checkpoint(source)
     spec = ckpt.spec
-    family = FAMILIES.get(spec.family)
-    if family is None:
+    if spec.family not in FAMILIES:
         raise BuildError(f"unsupported architecture {spec.family!r}; supported: {', '.join(FAMILIES)}")
     progress(
         f"[1/5] read {source}: {spec.family}, {spec.num_layers} layers, hidden {spec.hidden_size}, "
@@ -83,7 +83,7 @@ def build(
 
     progress(f"[2/5] building the {spec.family} graph ({options.quant})")
     target = compile_cache.tiers_for(options.target, options.num_cores)[0][1]
-    model = build_model(spec, family.LAYER, pick, ckpt.tensors, target)
+    model = build_model(spec, layer(spec.family), pick, ckpt.tensors, target)
 
     # 3. Quantize: pack every weight (pure numpy), checking each against the model's parameters.
     tensors, schemes = _pack_weights(model, ckpt, progress)

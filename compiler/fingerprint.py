@@ -10,8 +10,12 @@ editing anything else does not throw a good one away:
   sources/: what a checkpoint reader decides reaches the module only as the spec and the weight
   schemes, both in the key themselves. Not build.py or selftest.py: the one picks schemes and
   targets (in the key too) and writes the bundle, the other's kernels compile on every build.
-- `code_fingerprint`, the bundle cache's (sources/zoo.py): all of compiler/, as a bundle also holds
-  the packed weights, the tokenizer, the chat template and the manifest.
+- `code_fingerprint`, the bundle cache's (sources/zoo.py): all of compiler/ and artifacts/, as a
+  bundle also holds the packed weights, the tokenizer, the chat template and the manifest, written
+  by artifacts/.
+
+Files are named relative to the package root (the folder holding compiler/ and artifacts/), so
+two clones of the same tree share their caches.
 
 Python files are hashed as their syntax tree without docstrings (comments never reach it), so an
 edit to prose alone keeps every key; other files (templates) by their bytes.
@@ -27,6 +31,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 _COMPILER_DIR = Path(__file__).resolve().parent
+_ROOT = _COMPILER_DIR.parent  # compiler/, artifacts/, runtime/ ... (goinfer/ once installed)
+_ARTIFACTS_DIR = _ROOT / "artifacts"
 CODEGEN = ("kernels", "lower", "models", "quant", "spec.py")  # relative to compiler/
 _SUFFIXES = (".py", ".jinja")
 
@@ -53,12 +59,12 @@ def fingerprint(files: Iterable[Path], root: Path) -> str:
 def codegen_fingerprint() -> str:
     files = source_files(_COMPILER_DIR, CODEGEN)
     spec_file = _model_spec_file()
-    return fingerprint([*files, *([spec_file] if spec_file not in files else [])], _COMPILER_DIR)
+    return fingerprint([*files, *([spec_file] if spec_file not in files else [])], _ROOT)
 
 
 @functools.cache
 def code_fingerprint() -> str:
-    return fingerprint(source_files(_COMPILER_DIR), _COMPILER_DIR)
+    return fingerprint([*source_files(_COMPILER_DIR), *source_files(_ARTIFACTS_DIR)], _ROOT)
 
 
 def _model_spec_file() -> Path:

@@ -22,7 +22,6 @@ element). The ideas, each measured on this 2-core VM (TVM_NUM_THREADS=2, its cor
    is why this switch sits at half of schedules.SERIAL_MAX.
 5. Tried and dropped: the divide as rcp14 plus a Newton step (slower: the divide is not the
    bottleneck: this core has one 512-bit FMA port, and each vector of 16 costs ~20 ops).
-Per call, against relax's fused kernel (TVM_NUM_THREADS=2, min of repeats, same process):
 """
 
 from __future__ import annotations

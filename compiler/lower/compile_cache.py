@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from goinfer.artifacts import cache
+
 from ..fingerprint import codegen_fingerprint
 from ..spec import ModelSpec
 from . import schedules, tvm_api
@@ -31,7 +33,7 @@ class Compiled:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("GOINFER_CACHE", Path.home() / ".cache" / "goinfer")) / "modules"
+    return cache.folder("modules")
 
 
 def tiers_for(name: str, num_cores: int | None) -> list[tuple[str, dict[str, Any]]]:

@@ -1,27 +1,19 @@
-"""Model families, one file each, registered by the architecture string of the checkpoint."""
+"""Model families, one file each (`<family>.py`, with its LAYER), keyed by the checkpoint's
+architecture string.
+
+Importing this package does not import TVM: checkpoint sources refuse an unsupported family with
+FAMILIES before anything is compiled, and `layer` imports a family's file when a build needs it.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from types import ModuleType
-from typing import Any
+import importlib
 
-from ..lower import tvm_api
-from ..sources.base import SourceTensor
-from ..spec import ModelSpec
-from . import gemma3, llama, qwen2
-from .decoder import CausalLM
-from .layers import SchemePicker
-
-FAMILIES: dict[str, ModuleType] = {"llama": llama, "qwen2": qwen2, "gemma3": gemma3}
+FAMILIES = ("llama", "qwen2", "gemma3")
 
 
-def build_model(
-    spec: ModelSpec,
-    layer_cls: type,
-    pick: SchemePicker,
-    tensors: Mapping[str, SourceTensor],
-    target: dict[str, Any],
-) -> CausalLM:
-    """The causal LM of `layer_cls` blocks, each weight in the scheme `pick` gives it."""
-    return CausalLM(spec, layer_cls, pick, tensors, tvm_api.make_target(target))
+def layer(family: str) -> type:
+    """The decoder layer class of `family` (one of FAMILIES)."""
+    if family not in FAMILIES:
+        raise KeyError(f"unsupported architecture {family!r}; supported: {', '.join(FAMILIES)}")
+    return importlib.import_module(f"{__name__}.{family}").LAYER

@@ -10,6 +10,7 @@ add runs inside the norm after it (`RMSNorm.add_then_norm`).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import tvm
 from tvm import te, tirx
@@ -175,3 +176,14 @@ class CausalLM(nn.Module):
             },
             self,
         )
+
+
+def build_model(
+    spec: ModelSpec,
+    layer_cls: type,
+    pick: SchemePicker,
+    tensors: Mapping[str, SourceTensor],
+    target: dict[str, Any],
+) -> CausalLM:
+    """The causal LM of `layer_cls` blocks, each weight in the scheme `pick` gives it."""
+    return CausalLM(spec, layer_cls, pick, tensors, tvm_api.make_target(target))

@@ -18,8 +18,9 @@ from gguf.quants import dequantize
 from goinfer.artifacts.cache import sha256_file
 from goinfer.artifacts.manifest import Tokens
 
+from ..models import FAMILIES
 from .base import Checkpoint, SourceError, SourceTensor
-from .gguf_spec import SUPPORTED_ARCHS, build_spec
+from .gguf_spec import build_spec
 from .gguf_vocab import read_vocab
 from .tokenizer import build_tokenizer_json
 
@@ -43,8 +44,8 @@ def load_gguf(path: str | Path) -> Checkpoint:
     reader = _open(path)
     meta = {name: field.contents() for name, field in reader.fields.items()}
     arch = meta.get("general.architecture")
-    if arch not in SUPPORTED_ARCHS:
-        supported = ", ".join(SUPPORTED_ARCHS)
+    if arch not in FAMILIES:
+        supported = ", ".join(FAMILIES)
         raise SourceError(f"{path}: unsupported architecture {arch!r}; supported: {supported}")
     try:
         vocab = read_vocab(meta)

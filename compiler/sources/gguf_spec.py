@@ -11,11 +11,10 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from ..models import FAMILIES
 from ..spec import ModelSpec, RopeScaling
 from .base import SourceError
 from .gguf_vocab import Vocab
-
-SUPPORTED_ARCHS = ("llama", "qwen2", "gemma3")
 
 # llama.cpp: gemma3 layers are sliding except every 6th (set_swa_pattern(6), dense last).
 _GEMMA3_SWA_PERIOD = 6
@@ -66,8 +65,8 @@ def build_spec(
     arch: str, meta: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]], vocab: Vocab
 ) -> ModelSpec:
     """The spec of a checkpoint with metadata ``meta`` and tensors ``shapes`` (numpy order)."""
-    if arch not in SUPPORTED_ARCHS:
-        raise SourceError(f"unsupported architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHS)}")
+    if arch not in FAMILIES:
+        raise SourceError(f"unsupported architecture {arch!r}; supported: {', '.join(FAMILIES)}")
     m = Metadata(meta, arch)
     if m.int("expert_count", 0) > 0:
         raise SourceError(f"mixture-of-experts {arch} checkpoints are not supported")
