@@ -107,7 +107,7 @@ def test_weights_are_mapped_zero_copy(tiny_bundle) -> None:
 def test_tokenizer_json_reads_the_byte_tensor_and_refuses_a_bad_one(tmp_path) -> None:
     from goinfer.artifacts import giw
     from goinfer.runtime.model import tokenizer_json
-    from test_manifest import sample
+    from sample_manifest import sample
 
     text = '{"model": {"type": "BPE", "vocab": {"é": 0, "漢": 1}}}'
     m = sample()

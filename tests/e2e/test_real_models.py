@@ -16,7 +16,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-GOLDENS = Path(__file__).resolve().parent / "goldens"
+GOLDENS = Path(__file__).resolve().parents[1] / "goldens"
 MODELS = ("qwen2.5-coder-0.5b", "gemma-3-270m", "smollm2-135m")
 TIE = 0.5  # nats between llama.cpp's top token and ours where we part (its own 8-bit rounding moves ~0.4)
 # int8 of the dequantized GGUF is close to the source: greedy tokens agree until a near-tie.

@@ -15,7 +15,7 @@ import pytest
 from goinfer.artifacts import giw
 from goinfer.artifacts.giw import BundleError, open_bundle, write_bundle
 
-GOLDEN_HEX = Path(__file__).parent / "goldens" / "tiny_bundle.hex"
+GOLDEN_HEX = Path(__file__).resolve().parents[1] / "goldens" / "tiny_bundle.hex"
 # Changes only with the format (or the inputs below); regenerate with GOINFER_UPDATE_GOLDENS=1.
 GOLDEN_SHA256 = "b9fc8b5e99b06e9bfc73bd293c94affaa38fcbdd059f062ab4500e2cb6460077"
 

@@ -18,10 +18,10 @@ from tiny_gguf import tiny_vocab, write_tiny_gguf
 from tokenizers import Tokenizer
 
 # `bench` is not installed: import it from the repo, wherever pytest was started.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench.llama_cpp import find_llama_binary, llama_env
 
-GOLDENS = Path(__file__).parent / "goldens"
+GOLDENS = Path(__file__).resolve().parents[1] / "goldens"
 FLAGS = ("--ids", "--no-bos", "--no-escape", "--log-disable")  # as record_tokenize.py
 FAMILIES = ("llama", "qwen2", "gemma3")
 REAL_FILES = {

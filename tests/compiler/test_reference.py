@@ -26,7 +26,7 @@ from reference import attention_mask, load, reference_logits
 from reference import forward as ref
 from reference.derive import derive_f32_gguf
 
-GOLDENS = Path(__file__).resolve().parent / "goldens"
+GOLDENS = Path(__file__).resolve().parents[1] / "goldens"
 MODELS_DIR = cache.folder("models")
 NAMES = ("qwen2.5-coder-0.5b", "gemma-3-270m", "smollm2-135m")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 # `bench` is not installed: import it from the repo, wherever pytest was started.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench import llama_cpp
 
 

@@ -16,7 +16,7 @@ from test_real_models import MODELS, TIE, _greedy
 
 pytestmark = pytest.mark.slow
 
-GOLDENS = Path(__file__).resolve().parent / "goldens"
+GOLDENS = Path(__file__).resolve().parents[1] / "goldens"
 
 
 @pytest.mark.parametrize("name", MODELS)

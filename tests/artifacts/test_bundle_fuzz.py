@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from goinfer.artifacts.giw import BundleError, open_bundle, write_bundle
 from goinfer.artifacts.manifest import describe
-from test_manifest import sample
+from sample_manifest import sample
 
 ITERATIONS = 400
 SEED = 20240601
