@@ -154,8 +154,8 @@ class Model:
     def _ensure_kv(self) -> None:
         if self._kv is None:
             # Created for the manifest's prefill chunk: no forward pass may feed more tokens.
-            kvc = self.manifest.kv_cache
-            self._kv = rt.create_kv_cache(self.vm, 1, self.context_length, kvc.prefill_chunk, kvc.page_size)
+            page = self.manifest.kv_cache.page_size
+            self._kv = rt.create_kv_cache(self.vm, 1, self.context_length, self.prefill_chunk, page)
             rt.add_sequence(self._kv, 0)
 
     def reset(self) -> None:

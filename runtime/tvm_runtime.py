@@ -64,7 +64,6 @@ _avoid_lookup_misses()
 THREADS = threads.configure()  # before the pool's first use, which reads it
 _load_runtime_library()
 
-_reshape = tvm_ffi.get_global_func("vm.builtin.reshape")
 _add_sequence = tvm_ffi.get_global_func("vm.builtin.kv_state_add_sequence")
 _remove_sequence = tvm_ffi.get_global_func("vm.builtin.kv_state_remove_sequence")
 _begin_forward = tvm_ffi.get_global_func("vm.builtin.kv_state_begin_forward")
@@ -120,10 +119,6 @@ def scalar_int32() -> tuple[np.ndarray, object]:
     pass the tensor (no allocation a call)."""
     array = _aligned_copy([0], np.int32)
     return array, tvm_ffi.from_dlpack(array)
-
-
-def reshape(t, shape: tuple[int, ...]):
-    return _reshape(t, Shape(list(shape)))
 
 
 def create_kv_cache(vm, max_batch: int, max_total: int, prefill_chunk: int, page_size: int):

@@ -16,7 +16,7 @@ _PROBE = textwrap.dedent(
     print(json.dumps({
         "modules": sorted(m for m in sys.modules if m == "tvm" or m.startswith(("tvm.", "goinfer."))),
         "lazy": sorted(m for m in ("jinja2", "llguidance") if m in sys.modules),
-        "vm_builtin": rt._reshape is not None,
+        "vm_builtin": rt._begin_forward is not None,
     }))
     """
 )
