@@ -8,7 +8,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 import numpy as np
 from goinfer.artifacts import giw, manifest
@@ -111,12 +110,12 @@ def build(
     missing = [n for n in param_order if n not in tensors]
     if missing:
         raise BuildError(f"internal: no packed weight for parameters {missing[:3]}")
-    st_tensors, st_manifest = selftest.tensors_and_manifest(fixtures)
+    st_tensors, st_cases = selftest.tensors_and_manifest(fixtures)
     cpu_tiers = [
         manifest.CpuTier(tier=tier, module=key, selftest=f"selftest@{tier}", target=c.target)
         for tier, key, c, _st in compiled_tiers
     ]
-    contract = _manifest(ckpt, options, schemes, param_order, cpu_tiers, _selftest(st_manifest))
+    contract = _manifest(ckpt, options, schemes, param_order, cpu_tiers, st_cases)
     modules = []
     for tier, key, c, st in compiled_tiers:
         modules += [(key, c.target, c.library), (f"selftest@{tier}", c.target, st)]
@@ -199,14 +198,6 @@ def kv_cache(spec: manifest.ModelSpec) -> manifest.KVCache:
     # kernel applies no window within a chunk.
     limit = spec.sliding_window - 1 if spec.sliding_window else spec.context_length
     return manifest.KVCache(page_size=PAGE_SIZE, prefill_chunk=max(1, min(MAX_PREFILL_CHUNK, limit)))
-
-
-def _selftest(d: dict[str, Any]) -> manifest.SelfTest:
-    cases = tuple(
-        manifest.SelfTestCase(kernel=c["kernel"], inputs=tuple(c["inputs"]), want=c["want"])
-        for c in d["cases"]
-    )
-    return manifest.SelfTest(tolerance=float(d["tolerance"]), cases=cases)
 
 
 def _manifest(

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import numpy as np
+from goinfer.artifacts.manifest import SelfTest, SelfTestCase
 from tvm import te, tirx
 
 from .lower import tvm_api
@@ -71,16 +71,16 @@ def fixtures(seed: int = 0) -> dict[str, tuple[tirx.PrimFunc, list[np.ndarray], 
 
 def tensors_and_manifest(
     fx: dict[str, tuple[tirx.PrimFunc, list[np.ndarray], np.ndarray]],
-) -> tuple[list[tuple[str, np.ndarray]], dict[str, Any]]:
+) -> tuple[list[tuple[str, np.ndarray]], SelfTest]:
     """Bundle tensors for the fixtures' inputs and answers, and the manifest entry naming them."""
     tensors: list[tuple[str, np.ndarray]] = []
     cases = []
     for name, (_f, inputs, want) in fx.items():
-        names = [f"selftest.{name}.in{i}" for i in range(len(inputs))]
+        names = tuple(f"selftest.{name}.in{i}" for i in range(len(inputs)))
         tensors += list(zip(names, inputs, strict=True))
         tensors.append((f"selftest.{name}.want", want))
-        cases.append({"kernel": name, "inputs": names, "want": f"selftest.{name}.want"})
-    return tensors, {"tolerance": TOLERANCE, "cases": cases}
+        cases.append(SelfTestCase(kernel=name, inputs=names, want=f"selftest.{name}.want"))
+    return tensors, SelfTest(tolerance=TOLERANCE, cases=tuple(cases))
 
 
 def compile_for(fx: dict[str, tuple[tirx.PrimFunc, list[np.ndarray], np.ndarray]], target: dict) -> bytes:

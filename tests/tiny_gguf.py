@@ -282,11 +282,13 @@ def rewrite_gguf(
     set_keys: Mapping[str, Any] | None = None,
     drop: Iterable[str] = (),
     retype: Mapping[str, type] | None = None,
+    donor: tuple[str | Path, str] | None = None,
 ) -> Path:
     """Copy ``src`` to ``dst``: ``arch`` replaces general.architecture, ``set_keys`` adds or replaces
     metadata (bool, int -> u32, float -> f32, str, or a list of one of those), ``drop`` removes keys
     and tensors by name, and ``retype`` stores the named tensors as another numpy dtype (e.g.
-    ``np.float64`` gives an F64 tensor)."""
+    ``np.float64`` gives an F64 tensor). ``donor`` = (path, part): tensors whose names contain part
+    are taken as that GGUF stores them (the same tiny model in another encoding: a mixed file)."""
     reader = GGUFReader(str(src))
     drop, set_keys, retype = set(drop), dict(set_keys or {}), dict(retype or {})
     w = GGUFWriter(str(dst), arch or reader.fields["general.architecture"].contents())
@@ -297,7 +299,10 @@ def rewrite_gguf(
         w.add_key_value(name, field.contents(), field.types[0], sub_type=sub)
     for name, value in set_keys.items():
         w.add_key_value(name, value, *_value_type(value))
-    for t in reader.tensors:
+    donated = {}
+    if donor is not None:
+        donated = {t.name: t for t in GGUFReader(str(donor[0])).tensors if donor[1] in t.name}
+    for t in (donated.get(t.name, t) for t in reader.tensors):
         if t.name in drop:
             continue
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))

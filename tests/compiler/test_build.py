@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from goinfer.compiler.build import BuildOptions, build
+from tiny_gguf import rewrite_gguf
 
 
 def _quiet(_msg: str) -> None:
@@ -48,39 +49,14 @@ def test_the_prefill_chunk_is_always_a_concrete_number() -> None:
     assert kv_cache(windowed).prefill_chunk == 511  # shorter than the window: windowed layers stay exact
 
 
-def _with_tensors_from(base: Path, donor: Path, part: str, out: Path) -> Path:
-    """A copy of GGUF `base` whose tensors named with `part` are stored as in `donor` (the same
-    tiny model in another encoding)."""
-    from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
-
-    src = GGUFReader(str(base))
-    donated = {t.name: t for t in GGUFReader(str(donor)).tensors if part in t.name}
-    w = GGUFWriter(str(out), src.fields["general.architecture"].contents())
-    for name, field in src.fields.items():
-        if not name.startswith("GGUF.") and name != "general.architecture":
-            sub = field.types[-1] if field.types[0] == GGUFValueType.ARRAY else None
-            w.add_key_value(name, field.contents(), field.types[0], sub_type=sub)
-    for t in (donated.get(t.name, t) for t in src.tensors):
-        if t.tensor_type == GGMLQuantizationType.F32:
-            w.add_tensor(t.name, np.array(t.data).reshape(tuple(int(d) for d in reversed(t.shape.tolist()))))
-        else:
-            w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return out
-
-
 def test_int4mix_keeps_the_source_precision_mix(tiny_gguf, tmp_path: Path) -> None:
     """What the checkpoint stores at >= 5 bits a weight stays 8-bit (int8), its 4-bit tensors become
     int4: a Q4_0 llama (4.5 bits) whose ffn_down matrices are Q5_0 (5.5 bits), as a Q4_K_M file
     keeps some tensors at Q6_K."""
     from goinfer.artifacts import giw
 
-    src = _with_tensors_from(
-        tiny_gguf("llama", "Q4_0"), tiny_gguf("llama", "Q5_0"), "ffn_down", tmp_path / "mix.gguf"
-    )
+    donor = (tiny_gguf("llama", "Q5_0"), "ffn_down")
+    src = rewrite_gguf(tiny_gguf("llama", "Q4_0"), tmp_path / "mix.gguf", donor=donor)
     build(src, tmp_path / "mix.giw", BuildOptions(quant="int4mix", num_cores=2), progress=_quiet)
     with giw.open_bundle(tmp_path / "mix.giw", verify="none") as b:
         schemes = b.manifest["weight_schemes"]

@@ -15,6 +15,7 @@ Writes ``tests/goldens/generate_<model>.json``. Needs the llama.cpp tools
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import socket
 import subprocess
@@ -22,6 +23,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -106,17 +108,48 @@ def _dumps(golden: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+@contextlib.contextmanager
+def llama_server(name: str, server: Path, gguf: Path, args: tuple[str, ...]) -> Iterator[str]:
+    """`llama-server` on `gguf` on a free loopback port, healthy; yields its base URL."""
+    port = _free_port()
+    cmd = [str(server), "-m", str(gguf), *args, "--port", str(port)]
+    print(f"record: {name}: {' '.join(cmd)}", file=sys.stderr)
+    proc = subprocess.Popen(cmd, env=llama_env(server), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        _wait_healthy(base, proc)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def golden_head(
+    name: str, server: Path, gguf: Path, args: tuple[str, ...], request: dict[str, Any]
+) -> dict[str, Any]:
+    """What every golden records beside its cases: the model, the peer's version and command."""
+    version = subprocess.run(
+        [str(server), "--version"], capture_output=True, text=True, env=llama_env(server)
+    )
+    return {
+        "model": name,
+        "gguf": gguf.name,
+        "gguf_sha256": zoo.ZOO[name].sha256,
+        "llama_cpp": " ".join((version.stdout + version.stderr).split()),
+        "command": ["llama-server", "-m", "<gguf>", *args, "--port", "<port>"],
+        "add_bos": _add_bos(gguf),
+        "request": {"prompt": "<prompt>", **request},
+    }
+
+
 def record(name: str, server: Path, out_dir: Path) -> Path:
     gguf = zoo.fetch(name)
     add_bos = _add_bos(gguf)
-    port = _free_port()
-    base = f"http://127.0.0.1:{port}"
-    cmd = [str(server), "-m", str(gguf), *SERVER_ARGS, "--port", str(port)]
-    print(f"record: {name}: {' '.join(cmd)}", file=sys.stderr)
-    proc = subprocess.Popen(cmd, env=llama_env(server), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     cases = []
-    try:
-        _wait_healthy(base, proc)
+    with llama_server(name, server, gguf, SERVER_ARGS) as base:
         for prompt in PROMPTS:
             prompt_ids = _post(base + "/tokenize", {"content": prompt, "add_special": add_bos})["tokens"]
             res = _post(base + "/completion", {"prompt": prompt, **REQUEST})
@@ -145,25 +178,7 @@ def record(name: str, server: Path, out_dir: Path) -> Path:
                 }
             )
             print(f"record: {name}: {prompt!r} -> {res['content']!r}", file=sys.stderr)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-    version = subprocess.run(
-        [str(server), "--version"], capture_output=True, text=True, env=llama_env(server)
-    )
-    golden = {
-        "model": name,
-        "gguf": gguf.name,
-        "gguf_sha256": zoo.ZOO[name].sha256,
-        "llama_cpp": " ".join((version.stdout + version.stderr).split()),
-        "command": ["llama-server", "-m", "<gguf>", *SERVER_ARGS, "--port", "<port>"],
-        "add_bos": add_bos,
-        "request": {"prompt": "<prompt>", **REQUEST},
-        "cases": cases,
-    }
+    golden = {**golden_head(name, server, gguf, SERVER_ARGS, REQUEST), "cases": cases}
     out = out_dir / f"generate_{name}.json"
     out.write_text(_dumps(golden))
     print(f"record: wrote {out}", file=sys.stderr)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,11 +24,10 @@ from record_generate import (
     REQUEST,
     _add_bos,
     _dumps,
-    _free_port,
     _post,
-    _wait_healthy,
     find_llama_binary,
-    llama_env,
+    golden_head,
+    llama_server,
     zoo,
 )
 
@@ -69,14 +67,8 @@ def document(lines: int) -> str:
 def record(name: str, server: Path, out_dir: Path) -> Path:
     gguf = zoo.fetch(name)
     add_bos = _add_bos(gguf)
-    port = _free_port()
-    base = f"http://127.0.0.1:{port}"
-    cmd = [str(server), "-m", str(gguf), *SERVER_ARGS, "--port", str(port)]
-    print(f"record: {name}: {' '.join(cmd)}", file=sys.stderr)
-    proc = subprocess.Popen(cmd, env=llama_env(server), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     request: dict[str, Any] = {**REQUEST, "n_predict": N_PREDICT}
-    try:
-        _wait_healthy(base, proc)
+    with llama_server(name, server, gguf, SERVER_ARGS) as base:
         lines = 100
         while True:
             prompt = document(lines)
@@ -85,40 +77,22 @@ def record(name: str, server: Path, out_dir: Path) -> Path:
                 break
             lines = int(lines * TARGET_TOKENS[name] / len(ids)) + 1
         res = _post(base + "/completion", {"prompt": prompt, **request})
-        if res.get("tokens_evaluated") not in (None, len(ids)):
-            raise SystemExit(f"{name}: the server evaluated {res['tokens_evaluated']} tokens, not {len(ids)}")
-        top = [
-            [[t["id"], round(t["logprob"], 6)] for t in s["top_logprobs"]]
-            for s in res["completion_probabilities"]
-        ]
-        case = {
-            "prompt": prompt,
-            "prompt_ids": ids,
-            "fact": CODE,
-            "tokens": res["tokens"],
-            "text": res["content"],
-            "stop_type": res.get("stop_type"),
-            "top_logprobs": top,
-        }
-        print(f"record: {name}: {len(ids)} prompt tokens -> {res['content']!r}", file=sys.stderr)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-    version = subprocess.run(
-        [str(server), "--version"], capture_output=True, text=True, env=llama_env(server)
-    )
+    if res.get("tokens_evaluated") not in (None, len(ids)):
+        raise SystemExit(f"{name}: the server evaluated {res['tokens_evaluated']} tokens, not {len(ids)}")
+    steps = res["completion_probabilities"]
+    case = {
+        "prompt": prompt,
+        "prompt_ids": ids,
+        "fact": CODE,
+        "tokens": res["tokens"],
+        "text": res["content"],
+        "stop_type": res.get("stop_type"),
+        "top_logprobs": [[[t["id"], round(t["logprob"], 6)] for t in s["top_logprobs"]] for s in steps],
+    }
+    print(f"record: {name}: {len(ids)} prompt tokens -> {res['content']!r}", file=sys.stderr)
     golden = {
-        "model": name,
-        "gguf": gguf.name,
-        "gguf_sha256": zoo.ZOO[name].sha256,
-        "llama_cpp": " ".join((version.stdout + version.stderr).split()),
-        "command": ["llama-server", "-m", "<gguf>", *SERVER_ARGS, "--port", "<port>"],
+        **golden_head(name, server, gguf, SERVER_ARGS, request),
         "recorded_by": "python tests/goldens/record_long.py",
-        "add_bos": add_bos,
-        "request": {"prompt": "<prompt>", **request},
         "cases": [case],
     }
     out = out_dir / f"long_{name}.json"
