@@ -35,7 +35,7 @@ from pathlib import Path
 from goinfer.artifacts.cache import folder as cache_folder
 
 VERSION = "0.3.36"  # llama-cpp-python; its vendored llama.cpp is what we compare against
-TARGETS = ("llama-server", "llama-bench", "llama-tokenize", "llama-cli")
+TARGETS = ("llama-server", "llama-bench", "llama-tokenize", "llama-cli", "llama-perplexity")
 # GGML_NATIVE's -march=native turns AMX on for AMX CPUs whatever GGML_AMX_* say (those apply only
 # without NATIVE), and AMX tiles fault where the kernel does not grant XTILEDATA (this sandbox):
 # ldtilecfg segfaults in ggml_backend_amx_mul_mat. -mno-amx-* win over -march in GCC and Clang.

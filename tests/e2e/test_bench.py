@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from bench import run
@@ -44,3 +45,42 @@ def test_unknown_names_are_one_line_errors():
         run.parse_list("nope", run.MODELS, "model")
     with pytest.raises(SystemExit, match="unknown quant"):
         run.parse_list("", run.QUANTS, "quant")
+
+
+class _ScriptedModel:
+    """Logits that put probability p_right on the next token of `text` and spread the rest evenly;
+    records what each forward pass was fed (one call a chunk, in order)."""
+
+    add_bos, bos_id, vocab = True, 0, 10
+
+    def __init__(self, text: list[int], p_right: float) -> None:
+        self.text, self.p_right, self.fed = text, p_right, []
+
+    def prefill_logits(self, ids: list[int]):
+        start = len(self.fed) * len(ids)  # chunks come in order, one call each
+        self.fed.append(list(ids))
+        rest = (1 - self.p_right) / (self.vocab - 1)
+        rows = np.full((len(ids), self.vocab), np.log(rest))
+        for j in range(len(ids)):
+            if start + j + 1 < len(self.text):
+                rows[j, self.text[start + j + 1]] = np.log(self.p_right)
+        yield rows
+
+
+def test_perplexity_scores_second_halves_as_llama_perplexity_does():
+    from bench import quality
+
+    tokens = list(np.random.default_rng(0).integers(1, 10, 40))
+    model = _ScriptedModel(tokens, p_right=0.5)
+    lps = list(quality.scored_logprobs(model, tokens, ctx=8, chunks=3))
+    # 3 chunks of 8, BOS first in each; positions 4..6 score the tokens at 5..7
+    assert [f[0] for f in model.fed] == [0, 0, 0] and [f[1:] for f in model.fed] == [
+        tokens[i * 8 + 1 : (i + 1) * 8] for i in range(3)
+    ]
+    assert [list(t) for _, t in lps] == [tokens[i * 8 + 5 : (i + 1) * 8] for i in range(3)]
+    assert quality.perplexity(lps) == pytest.approx(2.0)  # every scored token at p = 0.5
+    kl, top1 = quality.against(lps, lps)
+    assert kl == pytest.approx(0.0, abs=1e-12) and top1 == 1.0
+    worse = list(quality.scored_logprobs(_ScriptedModel(tokens, p_right=0.25), tokens, ctx=8, chunks=3))
+    kl, top1 = quality.against(worse, lps)
+    assert kl > 0.1 and top1 == 1.0 and quality.perplexity(worse) == pytest.approx(4.0)
