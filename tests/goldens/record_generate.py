@@ -23,7 +23,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -185,20 +185,26 @@ def record(name: str, server: Path, out_dir: Path) -> Path:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("models", nargs="*", help=f"default: all of {', '.join(MODELS)}")
+def record_each(
+    doc: str, models: Iterable[str], record_one: Callable[[str, Path, Path], Path], argv: list[str] | None
+) -> int:
+    """The recorders' command line: record the models named (default: all) with llama-server."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("models", nargs="*", help=f"default: all of {', '.join(models)}")
     ap.add_argument("-o", "--out-dir", type=Path, default=Path(__file__).resolve().parent)
     args = ap.parse_args(argv)
-    unknown = sorted(set(args.models) - set(MODELS))
-    if unknown:
-        ap.error(f"unknown models {unknown}; choose from {', '.join(MODELS)}")
+    if unknown := sorted(set(args.models) - set(models)):
+        ap.error(f"unknown models {unknown}; choose from {', '.join(models)}")
     server = find_llama_binary("llama-server")
     if server is None:
         raise SystemExit("record: llama-server is not built; run `python -m bench.llama_cpp build`")
-    for name in args.models or MODELS:
-        record(name, server, args.out_dir)
+    for name in args.models or models:
+        record_one(name, server, args.out_dir)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return record_each(__doc__, MODELS, record, argv)
 
 
 if __name__ == "__main__":

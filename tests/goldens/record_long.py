@@ -13,7 +13,6 @@ Writes ``tests/goldens/long_<model>.json``. Needs the llama.cpp tools
 
 from __future__ import annotations
 
-import argparse
 import random
 import sys
 from pathlib import Path
@@ -25,9 +24,9 @@ from record_generate import (
     _add_bos,
     _dumps,
     _post,
-    find_llama_binary,
     golden_head,
     llama_server,
+    record_each,
     zoo,
 )
 
@@ -102,18 +101,7 @@ def record(name: str, server: Path, out_dir: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("models", nargs="*", help=f"default: all of {', '.join(TARGET_TOKENS)}")
-    ap.add_argument("-o", "--out-dir", type=Path, default=Path(__file__).resolve().parent)
-    args = ap.parse_args(argv)
-    if unknown := sorted(set(args.models) - set(TARGET_TOKENS)):
-        ap.error(f"unknown models {unknown}; choose from {', '.join(TARGET_TOKENS)}")
-    server = find_llama_binary("llama-server")
-    if server is None:
-        raise SystemExit("record: llama-server is not built; run `python -m bench.llama_cpp build`")
-    for name in args.models or TARGET_TOKENS:
-        record(name, server, args.out_dir)
-    return 0
+    return record_each(__doc__, TARGET_TOKENS, record, argv)
 
 
 if __name__ == "__main__":
