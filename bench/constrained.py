@@ -74,7 +74,7 @@ def run(name: str, rounds: int, max_tokens: int) -> dict[str, float]:
     from goinfer.runtime.grammar import GrammarConstraint, compile_json_schema
     from goinfer.runtime.model import Model
 
-    model = Model.load(_ensure_bundle(zoo.resolve(name), "int4"))
+    model = Model.load(_ensure_bundle(zoo.resolve(name), "gguf"))
     ids = model.chat_prompt([{"role": "user", "content": PROMPT}])
     grammar = compile_json_schema(SCHEMA)
     tok = model.grammar.start()

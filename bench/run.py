@@ -27,7 +27,7 @@ from pathlib import Path
 from . import llama_cpp
 
 MODELS = ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "gemma-3-270m", "smollm2-135m")
-QUANTS = ("int4", "int8int8")
+QUANTS = ("gguf", "int4")
 
 
 @dataclass(frozen=True)

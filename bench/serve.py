@@ -92,7 +92,7 @@ def stream_once(port: int, model: str, max_tokens: int, extra: dict | None = Non
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.serve", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=MODELS[0])
-    ap.add_argument("--quant", default="int4")
+    ap.add_argument("--quant", default="gguf")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)

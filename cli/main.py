@@ -59,7 +59,12 @@ def main() -> None:
 @main.command()
 @click.argument("source")
 @click.option("--target", default="llvm", show_default=True, help="llvm (CPU); cuda and metal later.")
-@click.option("--quant", default="int4", show_default=True, help="int4 | int8int8 | int8 | int4mix | f32")
+@click.option(
+    "--quant",
+    default="gguf",
+    show_default=True,
+    help="gguf (the checkpoint's own blocks, value-exact) | int4 | int8int8 | int8 | int4mix | f32",
+)
 @click.option("-o", "--output", required=True, help="the .giw file to write")
 def build(source: str, target: str, quant: str, output: str) -> None:
     """Compile SOURCE (a .gguf file or a zoo model name) into a .giw bundle."""
@@ -101,7 +106,7 @@ def _resolve_bundle(ref: str, quant: str, target: str) -> Path:
 @click.option("--seed", default=None, type=int)
 @click.option("--chat", is_flag=True, help="render PROMPT as a user turn through the model's chat template")
 @click.option("--system", default=None, help="a system message (with --chat)")
-@click.option("--quant", default="int4", show_default=True, help="used only when MODEL must be built")
+@click.option("--quant", default="gguf", show_default=True, help="used only when MODEL must be built")
 @click.option("--verbose", "-v", is_flag=True, help="timings on stderr")
 @click.option("--no-selftest", is_flag=True, help="skip the startup kernel self-test")
 def generate(
@@ -188,7 +193,7 @@ def generate(
     type=click.IntRange(min=0),
     help="stored /v1/responses kept in memory for previous_response_id",
 )
-@click.option("--quant", default="int4", show_default=True, help="used only when a model must be built")
+@click.option("--quant", default="gguf", show_default=True, help="used only when a model must be built")
 @click.option("--no-selftest", is_flag=True, help="skip the startup kernel self-test")
 def serve(
     models: tuple[str, ...],

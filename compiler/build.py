@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -28,7 +29,7 @@ MAX_PREFILL_CHUNK = 2048
 @dataclass(frozen=True)
 class BuildOptions:
     target: str = "llvm"
-    quant: str = "int4"
+    quant: str = "gguf"  # quant.DEFAULT_QUANT: the checkpoint's own blocks, value-exact
     num_cores: int | None = None  # threads the compiled module is built for; default: this host's
 
 
@@ -77,8 +78,8 @@ def build(
     )
 
     # 2. Model: the family's module, each weight with the scheme the quant mode picks for it.
-    def pick(t: SourceTensor) -> ModuleType:
-        return scheme_for(options.quant, t.bits)
+    def pick(parts: Sequence[SourceTensor]) -> ModuleType:
+        return scheme_for(options.quant, parts)
 
     progress(f"[2/5] building the {spec.family} graph ({options.quant})")
     target = compile_cache.tiers_for(options.target, options.num_cores)[0][1]
@@ -90,7 +91,7 @@ def build(
     # 4. Lower and compile for each CPU tier (the host's best ISA, then AVX2 to step down to),
     #    or reuse the modules compiled for the same graph; plus each tier's self-test kernels.
     tiers = compile_cache.tiers_for(options.target, options.num_cores)
-    fixtures = selftest.fixtures()
+    fixtures = selftest.fixtures(layouts=_layouts(model))
     compiled_tiers = []
     for i, (tier, tier_target) in enumerate(tiers):
         progress(
@@ -131,6 +132,15 @@ def build(
         f"in {seconds:.1f}s{' (module from cache)' if compiled.from_cache else ''}"
     )
     return BuildResult(output, info.size, info.sha256, seconds, compiled.from_cache)
+
+
+def _layouts(model) -> tuple:
+    """The grouped affine layouts the model's weights use: each is a self-test fixture."""
+    from .lower import tvm_api
+    from .models.layers import QLinear
+
+    found = {getattr(m.scheme, "layout", None) for _p, m in tvm_api.modules_of_type(model, QLinear)}
+    return tuple(sorted((lay for lay in found if lay is not None), key=lambda lay: lay.tag))
 
 
 class BuildError(ValueError):
@@ -176,6 +186,8 @@ def _pack_weights(
         used.update(module.sources)
         if i % 16 == 0 or i == len(weighted):
             progress(f"[3/5] quantized {i}/{len(weighted)} weights")
+    kinds = Counter(schemes[prefix] for prefix, module in weighted if hasattr(module, "scheme"))
+    progress("      schemes: " + ", ".join(f"{n} x{c}" for n, c in sorted(kinds.items())))
     unused = sorted(set(ckpt.tensors) - used)
     if unused:
         progress(f"      note: {len(unused)} checkpoint tensors unused: {', '.join(unused[:4])}")

@@ -1,9 +1,10 @@
 """Build-time half of the startup self-test: small fixed kernel fixtures, compiled per CPU tier.
 
 Each fixture is one of our dispatched kernels (int4's and int8int8's GEMV and GEMM with their
-run-time activation quantizers, int8, f32) on a tiny fixed input, with the answer its portable
-numpy twin gives. A kernel with an ISA-specific form (int4's and int8int8's VNNI ones)
-is compiled in the form each tier's model gets. The runtime (runtime/selftest.py) runs every
+run-time activation quantizers, int8, f32, and the grouped affine kernel in every layout the
+bundle's gguf weights use) on a tiny fixed input, with the answer its portable numpy twin gives.
+A kernel with an ISA-specific form (the VNNI and AVX2 ones) is compiled in the form each tier's
+model gets. The runtime (runtime/selftest.py) runs every
 tier's library on them before trusting that tier with a model: a wrong kernel on some CPU returns
 slightly wrong numbers rather than crashing, and this is how it gets caught.
 """
@@ -17,8 +18,9 @@ import numpy as np
 from goinfer.artifacts.manifest import SelfTest, SelfTestCase
 from tvm import te, tirx
 
+from .kernels import affine as affine_tir
 from .lower import tvm_api
-from .quant import f32, int4, int8, int8int8
+from .quant import affine, f32, int4, int8, int8int8
 from .quant.scheme import Scheme
 
 # 37 rows: not a multiple of the 16-row block (exercises the clamped tails and padded rows); 256
@@ -37,8 +39,10 @@ def _te_kernel(scheme: Scheme, m: int) -> tirx.PrimFunc:
     return te.create_prim_func([x, *params, y])
 
 
-def fixtures(seed: int = 0) -> dict[str, tuple[tirx.PrimFunc, list[np.ndarray], np.ndarray]]:
-    """name -> (kernel, inputs, expected output)."""
+def fixtures(
+    seed: int = 0, layouts: tuple[affine_tir.Layout, ...] = ()
+) -> dict[str, tuple[tirx.PrimFunc, list[np.ndarray], np.ndarray]]:
+    """name -> (kernel, inputs, expected output); `layouts`: the grouped affine ones to add."""
     rng = np.random.default_rng(seed)
     w = rng.standard_normal((OUT, IN)).astype(np.float32)
     x40 = rng.standard_normal((40, IN)).astype(np.float32)
@@ -60,6 +64,17 @@ def fixtures(seed: int = 0) -> dict[str, tuple[tirx.PrimFunc, list[np.ndarray], 
         x = x40[:m]
         inputs = [x, p88["weight"], p88["wsum"], p88["scale"]]
         out[f"int8int8_m{m}"] = (int8int8.matmul(OUT, IN), inputs, int8int8.reference(*inputs))
+
+    for layout in layouts:
+        p = affine.example(layout, OUT, IN, seed)
+        for m in (1, 6):
+            x = x40[:m]
+            want = affine.reference(layout, x, p, OUT)
+            out[f"affine_{layout.tag.replace('-', '_')}_m{m}"] = (
+                affine_tir.kernel(OUT, IN, layout),
+                [x, *p.values()],
+                want,
+            )
 
     out["f32_m6"] = (
         _te_kernel(f32, 6),

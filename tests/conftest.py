@@ -28,11 +28,19 @@ def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
     made: dict[tuple[str, str, int | None], Path] = {}
 
     def make(family: str, tensor_type: str = "F32", context: int | None = None) -> Path:
-        """`context` replaces the tiny models' 256-token window (long-prompt tests)."""
+        """`context` replaces the tiny models' 256-token window (long-prompt tests).
+        `tensor_type` "A+B:part" is a mixed file: type A, with the tensors whose names contain
+        `part` stored as type B (Qwen's Q4_K_M keeps attn_v at Q8_0 beside Q5_0 q and k)."""
         key = (family, tensor_type, context)
         if key not in made:
             path = tmp_path_factory.mktemp("gguf") / f"tiny-{family}-{tensor_type}.gguf"
-            made[key] = write_tiny_gguf(path, family, seed=0, tensor_type=tensor_type)
+            if "+" in tensor_type:
+                base, other = tensor_type.split("+")
+                donor_type, part = other.split(":")
+                donor = (make(family, donor_type), part)
+                made[key] = rewrite_gguf(make(family, base), path, donor=donor)
+            else:
+                made[key] = write_tiny_gguf(path, family, seed=0, tensor_type=tensor_type)
             if context is not None:
                 longer = path.with_name(f"tiny-{family}-{tensor_type}-ctx{context}.gguf")
                 made[key] = rewrite_gguf(path, longer, set_keys={f"{family}.context_length": context})

@@ -224,6 +224,13 @@ def pick_isa_variants(mod: tvm.IRModule, target: Target) -> tvm.IRModule:
     return out
 
 
+def without_params(func: tirx.PrimFunc, indices: list[int]) -> tirx.PrimFunc:
+    """`func` without the parameters at `indices`, which its body must not use (TVMScript cannot
+    spell a signature whose length depends on Python values)."""
+    keep = [p for i, p in enumerate(func.params) if i not in set(indices)]
+    return tirx.PrimFunc(keep, func.body, func.ret_type, func.attrs)
+
+
 def vpdpbusd_512(acc, a, b):
     """AVX-512 VNNI: each int32 lane of acc (int32x16) plus the 4 products of its bytes, u8 of `a`
     times s8 of `b` (both int32x16). LLVM 22 retyped the byte operands as <64 x i8>."""

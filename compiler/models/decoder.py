@@ -30,14 +30,14 @@ class Attention(nn.Module):
         self.layer, self.spec = layer, spec
         h, hkv, d = spec.num_heads, spec.num_kv_heads, spec.head_dim
         names = tuple(f"blk.{layer}.attn_{n}.weight" for n in ("q", "k", "v"))
-        self.qkv = QLinear(pick(tensors[names[0]]), spec.hidden_size, (h + 2 * hkv) * d, names)
+        self.qkv = QLinear(pick([tensors[n] for n in names]), spec.hidden_size, (h + 2 * hkv) * d, names)
         self.qkv_bias = (
             Bias((h + 2 * hkv) * d, tuple(f"blk.{layer}.attn_{n}.bias" for n in ("q", "k", "v")))
             if spec.attention_bias
             else None
         )
         out = f"blk.{layer}.attn_output.weight"
-        self.o = QLinear(pick(tensors[out]), h * d, spec.hidden_size, (out,))
+        self.o = QLinear(pick([tensors[out]]), h * d, spec.hidden_size, (out,))
         if spec.qk_norm:
             off = spec.norm_weight_offset
             self.q_norm = RMSNorm(d, spec.norm_eps, f"blk.{layer}.attn_q_norm.weight", off)
@@ -77,7 +77,7 @@ class CausalLM(nn.Module):
         super().__init__()
         self.spec, self.target = spec, target
         emb = "token_embd.weight"
-        self.embed_tokens = QLinear(pick(tensors[emb]), spec.hidden_size, spec.vocab_size, (emb,))
+        self.embed_tokens = QLinear(pick([tensors[emb]]), spec.hidden_size, spec.vocab_size, (emb,))
         self.layers = nn.ModuleList([layer_cls(spec, i, pick, tensors) for i in range(spec.num_layers)])
         self.norm = RMSNorm(spec.hidden_size, spec.norm_eps, "output_norm.weight", spec.norm_weight_offset)
         # A tied head reuses embed_tokens; it is not stored twice (nor registered twice).
@@ -85,7 +85,7 @@ class CausalLM(nn.Module):
             None
             if spec.tie_embeddings
             else QLinear(
-                pick(tensors["output.weight"]), spec.hidden_size, spec.vocab_size, ("output.weight",)
+                pick([tensors["output.weight"]]), spec.hidden_size, spec.vocab_size, ("output.weight",)
             )
         )
 

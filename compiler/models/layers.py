@@ -8,7 +8,7 @@ per family, and every parameter is accounted for.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 from tvm import te, tirx
@@ -25,8 +25,9 @@ from ..spec import ModelSpec
 # accumulator to memory on each step (4x slower decode, measured).
 _KERNEL_ATTRS = {"op_pattern": 8, "tirx.noalias": True}
 
-# Picks the quant scheme for a weight from its checkpoint tensor (int4mix looks at its bits).
-SchemePicker = Callable[[SourceTensor], Scheme]
+# Picks the quant scheme for a weight from its checkpoint tensors, several where fused (int4mix
+# looks at their bits, gguf at their block types).
+SchemePicker = Callable[[Sequence[SourceTensor]], Scheme]
 
 
 class Weighted(nn.Module):
@@ -58,12 +59,15 @@ class QLinear(Weighted):
             setattr(self, name, p)
 
     def pack(self, tensors: Mapping[str, SourceTensor]) -> dict[str, np.ndarray]:
-        w = _concat_rows(tensors, self.sources)
-        if w.shape != (self.out_features, self.in_features):
-            raise ValueError(
-                f"{self.sources}: shape {w.shape}, expected {(self.out_features, self.in_features)}"
-            )
-        return self.scheme.pack(w)
+        parts = [tensors[n] for n in self.sources]
+        rows, cols = sum(p.shape[0] for p in parts), {p.shape[-1] for p in parts}
+        if (rows, *cols) != (self.out_features, self.in_features):
+            want = (self.out_features, self.in_features)
+            raise ValueError(f"{self.sources}: rows {rows}, columns {cols}, expected {want}")
+        transcode = getattr(self.scheme, "transcode", None)
+        if transcode is not None:  # the checkpoint's own blocks, kept exactly (quant/gguf.py)
+            return transcode(parts)
+        return self.scheme.pack(_concat_rows(tensors, self.sources))
 
     def forward(self, x: Tensor) -> Tensor:
         """x (tokens, in) -> (tokens, out)."""
@@ -146,8 +150,10 @@ class GatedMLP(nn.Module):
         super().__init__()
         gate, up, down = (f"blk.{layer}.ffn_{n}.weight" for n in ("gate", "up", "down"))
         self.inter, self.act = spec.intermediate_size, spec.activation
-        self.gate_up = QLinear(pick(tensors[gate]), spec.hidden_size, 2 * self.inter, (gate, up))
-        self.down = QLinear(pick(tensors[down]), self.inter, spec.hidden_size, (down,))
+        self.gate_up = QLinear(
+            pick([tensors[gate], tensors[up]]), spec.hidden_size, 2 * self.inter, (gate, up)
+        )
+        self.down = QLinear(pick([tensors[down]]), self.inter, spec.hidden_size, (down,))
 
     def forward(self, x: Tensor) -> Tensor:
         gate_up = self.gate_up(x)

@@ -34,6 +34,7 @@ SUPPORTED_TYPES = frozenset({
 })
 # fmt: on
 
+_FLOAT_TYPES = frozenset({_T.F32, _T.F16, _T.BF16})
 # Family chat templates for checkpoints that carry none.
 _DEFAULT_TEMPLATES = {"gemma3": "gemma3.jinja", "qwen2": "chatml.jinja", "llama": "chatml.jinja"}
 
@@ -132,6 +133,7 @@ def _source_tensor(t: ReaderTensor, heads: dict[str, int]) -> SourceTensor:
         source_type=t.tensor_type.name,
         bits=type_size * 8 / block,
         load=_loader(t, shape, n_head),
+        raw=None if t.tensor_type in _FLOAT_TYPES else _raw_loader(t, shape, n_head),
     )
 
 
@@ -143,6 +145,16 @@ def _loader(t: ReaderTensor, shape: tuple[int, ...], n_head: int | None) -> Call
         return _unpermute_rows(w, n_head) if n_head else w
 
     return load
+
+
+def _raw_loader(t: ReaderTensor, shape: tuple[int, ...], n_head: int | None) -> Callable[[], np.ndarray]:
+    def raw() -> np.ndarray:
+        rows = int(np.prod(shape[:-1]))
+        blocks = np.asarray(t.data).view(np.uint8).reshape(rows, -1)
+        # a row's blocks move with it, so the llama Q/K row permutation undoes the same way
+        return _unpermute_rows(blocks, n_head) if n_head else blocks.copy()
+
+    return raw
 
 
 def _unpermute_rows(w: np.ndarray, n_head: int) -> np.ndarray:

@@ -33,7 +33,7 @@ def _edit(path: Path, old: str, new: str) -> None:
 
 def test_prose_edits_keep_both_keys(compiler_copy: Path) -> None:
     before = _keys(compiler_copy)
-    zoo, kernel = compiler_copy / "sources" / "zoo.py", compiler_copy / "kernels" / "int4.py"
+    zoo, kernel = compiler_copy / "sources" / "zoo.py", compiler_copy / "kernels" / "affine.py"
     _edit(zoo, '"""', '"""Reworded: ')  # the module docstring
     _edit(kernel, "The ideas:", "The ideas, reworded:")  # a function's docstring
     _edit(kernel, "other core waiting", "other core idle")  # a TVMScript macro's docstring
@@ -52,7 +52,7 @@ def test_code_outside_the_codegen_files_keeps_the_compile_key(compiler_copy: Pat
 @pytest.mark.parametrize(
     ("path", "old", "new"),
     [
-        ("kernels/int4.py", "PREFETCH_BYTES = 1024", "PREFETCH_BYTES = 512"),
+        ("kernels/affine.py", "PREFETCH_BYTES = 1024", "PREFETCH_BYTES = 512"),
         ("lower/schedules.py", "ROW_TILE = 16", "ROW_TILE = 32"),
         ("models/layers.py", "op_pattern", "op_pattern_"),
         ("quant/int4.py", '"int4"', '"int4x"'),

@@ -86,12 +86,17 @@ def test_activation_twin_and_reference_track_the_float_product():
 @pytest.mark.skipif(not HAS_VNNI, reason=f"host tier {HOST_TIER} has no AVX-512 VNNI")
 @pytest.mark.parametrize(("n", "k"), SHAPES)
 def test_vnni_kernel_matches_numpy(n, k):
-    _check(_compile(kernels.int4.kernel_variant(n, k, "vnni"), tvm_api.host_target(2)), n, k, TOKENS)
+    _check(
+        _compile(kernels.affine.kernel_variant(n, k, int4.LAYOUT, "vnni"), tvm_api.host_target(2)),
+        n,
+        k,
+        TOKENS,
+    )
 
 
 @pytest.mark.parametrize(("n", "k"), SHAPES)
 def test_avx2_kernel_matches_numpy(n, k):
-    _check(_compile(kernels.int4.kernel_variant(n, k, "avx2"), HASWELL), n, k, TOKENS)
+    _check(_compile(kernels.affine.kernel_variant(n, k, int4.LAYOUT, "avx2"), HASWELL), n, k, TOKENS)
 
 
 def test_avx2_int16_pair_sums_do_not_overflow():
@@ -101,7 +106,7 @@ def test_avx2_int16_pair_sums_do_not_overflow():
     packed["weight"][:] = 0xFFFFFFFF  # every nibble 15
     packed["scale"][:] = 1
     assert (int4.unpack_q(packed["weight"], n) == 7).all()
-    lib = _compile(kernels.int4.kernel_variant(n, k, "avx2"), HASWELL)
+    lib = _compile(kernels.affine.kernel_variant(n, k, int4.LAYOUT, "avx2"), HASWELL)
     for sign in (1.0, -1.0):
         x = np.full((2, k), sign, np.float32)
         y = tvm.runtime.tensor(np.zeros((2, n), np.float32))
@@ -129,7 +134,7 @@ def test_prefetch_runs_into_the_threads_next_task():
 
 @pytest.mark.parametrize(("n", "k"), [(37, 640), (50, 4864), (16, 64), (5, 32)])
 def test_portable_kernel_matches_numpy(n, k):
-    _check(_compile(kernels.int4.kernel_variant(n, k, "portable"), HASWELL), n, k, TOKENS)
+    _check(_compile(kernels.affine.kernel_variant(n, k, int4.LAYOUT, "portable"), HASWELL), n, k, TOKENS)
 
 
 def test_dispatched_kernel_picks_each_tiers_form():

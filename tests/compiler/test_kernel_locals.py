@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import pytest
 import tvm
-from goinfer.compiler.kernels import attention, gated, int4, int8int8, kv_append
+from goinfer.compiler.kernels import affine, attention, gated, int8int8, kv_append
+from goinfer.compiler.quant import int4
 
 
 def _children(node):
@@ -43,7 +44,16 @@ KERNELS = {
     "gated_silu": lambda: gated.kernel(96, "silu"),
     "kv_append": lambda: kv_append.transpose_append(2, 32),
     "kv_split": lambda: kv_append.split_qkv(6, 2, 32),
-    **{f"int4_{f}": (lambda f=f: int4.kernel_variant(64, 128, f)) for f in int4.FORMS},
+    **{f"int4_{f}": (lambda f=f: affine.kernel_variant(64, 128, int4.LAYOUT, f)) for f in affine.FORMS},
+    # the GGUF transcode's widest layouts: 8 bits, K-quant codes with a min, and groups of 16
+    **{
+        f"gguf_{tag}_{f}": (lambda f=f, lay=lay: affine.kernel_variant(64, 256, lay, f))
+        for tag, lay in (
+            ("q4k", affine.Layout(4, 32, "int8", True, 0)),
+            ("q6k_q4k", affine.Layout(8, 16, "int8", True, 128)),
+        )
+        for f in affine.FORMS
+    },
     **{f"int8int8_{f}": (lambda f=f: int8int8.kernel_variant(64, 128, f)) for f in int8int8.FORMS},
 }
 

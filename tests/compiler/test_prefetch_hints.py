@@ -3,13 +3,28 @@ compiling for a target keeps of it."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import tvm
-from goinfer.compiler.kernels import int4, int8int8
+from goinfer.compiler.kernels import affine, int8int8
 from goinfer.compiler.lower import tvm_api
+from goinfer.compiler.quant import int4
 from tir_inspect import prefetch_localities
 
-SCHEMES = pytest.mark.parametrize("scheme", [int4, int8int8], ids=["int4", "int8int8"])
+
+def _affine(layout: affine.Layout) -> SimpleNamespace:
+    return SimpleNamespace(
+        kernel=lambda n, k: affine.kernel(n, k, layout),
+        kernel_variant=lambda n, k, form: affine.kernel_variant(n, k, layout, form),
+    )
+
+
+SCHEMES = pytest.mark.parametrize(
+    "scheme",
+    [_affine(int4.LAYOUT), _affine(affine.Layout(8, 32, "float16", False, 128)), int8int8],
+    ids=["int4", "gguf-q8_0", "int8int8"],
+)
 
 
 @SCHEMES

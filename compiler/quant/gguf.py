@@ -1,0 +1,146 @@
+"""gguf: the checkpoint's own quantization, transcoded value-exact (the default for GGUF sources).
+
+Re-quantizing a Q4_K or Q5_0 weight's float image onto another grid compounds two roundings: the
+0.5B Qwen lost 8% perplexity to our int4 that way, Gemma 3 76%. Every common GGUF block type is
+affine over small groups, so this scheme keeps the file's own integers and scales, laid out for the
+grouped affine kernels (kernels/affine.py); each weight dequantizes to the float32 gguf gives, bit
+for bit (quant/gguf_blocks.py holds that arithmetic, the tests hold this to it; one exception: a
+Q4_0 part fused beside a type with a min gives +0 where gguf gives -0):
+
+    Q4_0, Q4_1, Q4_K   4-bit nibbles, group 32: a float16 scale (and min) per group, or K-quant
+                       6-bit codes (int8) times a float16 per 256
+    Q5_0, Q5_1, Q5_K,  8-bit bytes u = q + 128 (5 and 6-bit values fit), group 32, or 16 for Q6_K
+    Q6_K, Q8_0
+
+Weights fused into one matmul (q, k and v; gate and up) may differ in type (Q5_0 and Q8_0 rows in
+Qwen's qkv, Q4_K and Q6_K in the 1.5B's): they share the widest layout that holds each exactly
+(8 bits beats 4, group 16 beats 32, and float32 values where one part has K-quant codes and another
+float16 scales: both are exact in float32).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from tvm import tirx
+
+from ..kernels import affine as tir
+from ..kernels.affine import Layout
+from ..sources.base import SourceTensor
+from . import affine, gguf_blocks
+from .scheme import ParamSpecs, TeLinear
+
+NAME = "gguf"
+# type -> (bits stored, group, code type, has a min)
+_NATIVE: dict[str, tuple[int, int, str, bool]] = {
+    "Q4_0": (4, 32, "float16", False),
+    "Q4_1": (4, 32, "float16", True),
+    "Q4_K": (4, 32, "int8", True),
+    "Q5_0": (8, 32, "float16", False),
+    "Q5_1": (8, 32, "float16", True),
+    "Q5_K": (8, 32, "int8", True),
+    "Q6_K": (8, 16, "int8", False),
+    "Q8_0": (8, 32, "float16", False),
+}
+TRANSCODABLE = frozenset(_NATIVE)
+
+
+def layout_for(parts: Sequence[SourceTensor]) -> Layout | None:
+    """The layout holding every part exactly, or None when some part's type has none."""
+    if not parts or any(p.source_type not in _NATIVE or p.raw is None for p in parts):
+        return None
+    native = [_NATIVE[p.source_type] for p in parts]
+    bits = max(n[0] for n in native)
+    codes = {n[2] for n in native}
+    has_min = any(n[3] for n in native)
+    # 4 bits: all-Q4_0 keeps its signed nibbles (zero 8); with a min type beside it, Q4_0's
+    # d * (u - 8) becomes d * u - 8d, exact, and every nibble is stored as read.
+    zero = 128 if bits == 8 else 0 if has_min else 8
+    return Layout(
+        bits=bits,
+        group=min(n[1] for n in native),
+        code=codes.pop() if len(codes) == 1 else "float32",
+        has_min=has_min,
+        zero=zero,
+        full_range=bits == 8 and any(_has_minus_128(p) for p in parts),
+    )
+
+
+def _has_minus_128(t: SourceTensor) -> bool:
+    """Q8_0 alone can store -128 (gguf's quantizer gives [-127, 127], the format allows it)."""
+    if t.source_type != "Q8_0":
+        return False
+    blocks = np.asarray(t.raw()).reshape(-1, 34)  # 2 bytes of float16 d, 32 int8
+    return bool((blocks[:, 2:] == 0x80).any())
+
+
+@dataclass(frozen=True)
+class Transcode:
+    """The Scheme for one weight (several fused parts) in its layout."""
+
+    layout: Layout
+
+    @property
+    def NAME(self) -> str:
+        return f"{NAME}:{self.layout.tag}"
+
+    def param_specs(self, out_features: int, in_features: int) -> ParamSpecs:
+        return affine.param_specs(self.layout, out_features, in_features)
+
+    def pack(self, weight: np.ndarray) -> dict[str, np.ndarray]:
+        raise TypeError("gguf transcodes a checkpoint's blocks: use transcode(parts)")
+
+    def transcode(self, parts: Sequence[SourceTensor]) -> dict[str, np.ndarray]:
+        """The parts' blocks, rows concatenated, in this layout: value-exact."""
+        return transcode(self.layout, parts)
+
+    def matmul(self, out_features: int, in_features: int) -> tirx.PrimFunc | TeLinear:
+        return tir.kernel(out_features, in_features, self.layout)
+
+    @property
+    def take(self):
+        return tir.take(self.layout)
+
+
+def transcode(layout: Layout, parts: Sequence[SourceTensor]) -> dict[str, np.ndarray]:
+    pieces = [
+        _in_layout(layout, p.source_type, gguf_blocks.decode(p.raw(), p.source_type, p.shape)) for p in parts
+    ]
+    stacked = [None if pieces[0][i] is None else np.concatenate([p[i] for p in pieces]) for i in range(5)]
+    return affine.pack(layout, *stacked)
+
+
+def _in_layout(layout: Layout, type_name: str, d: gguf_blocks.Decoded) -> tuple[np.ndarray | None, ...]:
+    """One part's (u, scale, min, super_scale, super_min) in `layout`'s terms."""
+    rows, k = d.q.shape
+    q = d.q.astype(np.int32)
+    shift_min = layout.bits == 4 and layout.zero == 0 and type_name == "Q4_0"
+    u = q + (8 if shift_min else layout.zero)
+    repeat = d.group // layout.group  # a part with groups of 32 in a layout of 16: codes twice
+
+    def per_group(s: gguf_blocks.Scales | None, native: np.ndarray | None = None) -> tuple:
+        """(codes, super) of one scale or min in the layout's code type; absent terms are zeros."""
+        groups = (rows, k // layout.group)
+        if layout.code == "float32":
+            v = native if native is not None else s.values(d.group) if s is not None else None
+            return (np.zeros(groups, np.float32) if v is None else np.repeat(v, repeat, axis=1)), None
+        if layout.code == "int8":
+            if s is None:
+                return np.zeros(groups, np.int8), np.zeros((rows, k // tir.SUPER), np.float16)
+            return np.repeat(s.codes, repeat, axis=1).astype(np.int8), s.super.astype(np.float16)
+        if native is not None:
+            return np.repeat(native, repeat, axis=1), None
+        return (np.zeros(groups, np.float16) if s is None else np.repeat(s.codes, repeat, axis=1)), None
+
+    scale, super_scale = per_group(d.scale)
+    eight_d = None
+    if shift_min:  # Q4_0's -8d as a min: exact (a power-of-two multiple), checked where float16
+        eight_d = d.scale.values(d.group) * np.float32(8)
+        if layout.code == "float16":
+            eight_d = eight_d.astype(np.float16)
+            if not np.array_equal(eight_d.astype(np.float32), d.scale.values(d.group) * np.float32(8)):
+                raise ValueError("Q4_0 scale too large to hold 8 * d in float16")
+    min_, super_min = per_group(d.min, eight_d) if layout.has_min else (None, None)
+    return u, scale, min_, super_scale, super_min

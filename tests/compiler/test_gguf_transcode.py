@@ -1,0 +1,118 @@
+"""The gguf scheme: each block type, and fused weights of mixed types, transcoded into the grouped
+affine layouts dequantize to the float32 values gguf gives, bit for bit; and the layout it picks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.quants import dequantize
+from goinfer.compiler.kernels.affine import Layout
+from goinfer.compiler.quant import affine, f32, gguf, int8int8, scheme_for
+from goinfer.compiler.sources.base import SourceTensor
+
+COLS = 512
+# Byte offsets of the float16 fields (d, and m/dmin) inside one block.
+F16_AT = {"Q4_1": (0, 2), "Q5_1": (0, 2), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+
+
+def _tensor(name: str, rows: int, seed: int, *, minus_128: bool = False) -> SourceTensor:
+    """Random valid blocks of `name` (float16 fields finite, of modest size), as the source gives."""
+    rng = np.random.default_rng(seed)
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType[name]]
+    blocks = rng.integers(0, 256, (rows * COLS // block, size), dtype=np.uint8)
+    for at in F16_AT.get(name, (0,)):
+        halves = (rng.standard_normal(len(blocks)) * 10.0 ** rng.uniform(-4, 0, len(blocks))).astype(
+            np.float16
+        )
+        blocks[:, at : at + 2] = halves.view(np.uint8).reshape(-1, 2)
+    if name == "Q8_0" and not minus_128:
+        q = blocks[:, 2:]
+        q[q == 0x80] = 0x81
+    raw = blocks.reshape(rows, -1)
+    return SourceTensor(
+        name=f"{name}.{seed}",
+        shape=(rows, COLS),
+        source_type=name,
+        bits=size * 8 / block,
+        load=lambda: dequantize(raw, GGMLQuantizationType[name]).reshape(rows, COLS),
+        raw=lambda: raw,
+    )
+
+
+def _exact(parts: list[SourceTensor]) -> Layout:
+    scheme = scheme_for("gguf", parts)
+    assert isinstance(scheme, gguf.Transcode), scheme
+    packed = scheme.transcode(parts)
+    rows = sum(p.shape[0] for p in parts)
+    assert {k: (v.shape, str(v.dtype)) for k, v in packed.items()} == scheme.param_specs(rows, COLS)
+    got = affine.dequantize(scheme.layout, packed, rows)
+    want = np.concatenate([p.load() for p in parts])
+    # Equal values; the bits too but for the sign of some zeros (Q4_0 beside a min type: d*u - 8d
+    # is +0 where gguf's d*(u - 8) is -0 for a negative d), which no product can tell apart.
+    assert np.isfinite(want).all() and np.array_equal(got, want)
+    if names_of(parts) != {"Q4_0"} and "Q4_0" in names_of(parts):
+        return scheme.layout
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    return scheme.layout
+
+
+def names_of(parts: list[SourceTensor]) -> set[str]:
+    return {p.source_type for p in parts}
+
+
+@pytest.mark.parametrize(
+    ("name", "layout"),
+    [
+        ("Q4_0", Layout(4, 32, "float16", False, 8)),
+        ("Q4_1", Layout(4, 32, "float16", True, 0)),
+        ("Q4_K", Layout(4, 32, "int8", True, 0)),
+        ("Q5_0", Layout(8, 32, "float16", False, 128)),
+        ("Q5_1", Layout(8, 32, "float16", True, 128)),
+        ("Q5_K", Layout(8, 32, "int8", True, 128)),
+        ("Q6_K", Layout(8, 16, "int8", False, 128)),
+        ("Q8_0", Layout(8, 32, "float16", False, 128)),
+    ],
+)
+def test_each_block_type_is_value_exact_in_its_own_layout(name: str, layout: Layout) -> None:
+    assert _exact([_tensor(name, 37, 0)]) == layout  # 37 rows: a padded last row block
+
+
+@pytest.mark.parametrize(
+    ("names", "layout"),
+    [
+        # Qwen-0.5B's qkv: Q5_0 q and k, a Q8_0 v
+        (("Q5_0", "Q5_0", "Q8_0"), Layout(8, 32, "float16", False, 128)),
+        # Qwen-1.5B's: Q4_K q and k, a Q6_K v -> 8 bits, groups of 16, K codes with a min
+        (("Q4_K", "Q4_K", "Q6_K"), Layout(8, 16, "int8", True, 128)),
+        # Q4_0 beside a min type: d * (u - 8) as d * u - 8d
+        (("Q4_0", "Q4_1"), Layout(4, 32, "float16", True, 0)),
+        # float16 scales beside K codes: float32 values hold both
+        (("Q4_0", "Q4_K"), Layout(4, 32, "float32", True, 0)),
+        (("Q5_1", "Q6_K"), Layout(8, 16, "float32", True, 128)),
+    ],
+)
+def test_fused_parts_of_mixed_types_share_a_layout_that_holds_each_exactly(names, layout) -> None:
+    assert _exact([_tensor(n, 16 + 5 * i, i) for i, n in enumerate(names)]) == layout
+
+
+def test_q8_0_with_minus_128_is_marked_full_range() -> None:
+    """AVX2's sign trick cannot negate -128, so such a weight takes that tier's portable steps."""
+    layout = _exact([_tensor("Q8_0", 20, 3, minus_128=True)])
+    assert layout.full_range
+    assert not _exact([_tensor("Q8_0", 20, 3)]).full_range
+
+
+def test_float_and_unencodable_parts_fall_back() -> None:
+    q5 = _tensor("Q5_0", 16, 0)
+    half = SourceTensor("h", (16, COLS), "F16", 16, q5.load)
+    iq = SourceTensor("iq", (16, COLS), "IQ4_XS", 4.25, q5.load)
+    assert scheme_for("gguf", [half]) is f32
+    assert scheme_for("gguf", [q5, half]) is f32  # a float part keeps the whole fused weight exact
+    assert scheme_for("gguf", [iq]) is int8int8  # no affine form: re-quantized
+
+
+def test_scheme_names_carry_the_layout() -> None:
+    """The compile cache and the manifest key on the name: each layout is its own kernel."""
+    names = {scheme_for("gguf", [_tensor(n, 16, 0)]).NAME for n in ("Q4_1", "Q5_0", "Q6_K")}
+    assert names == {"gguf:u4-g32-float16-z0-min", "gguf:u8-g32-float16-z128", "gguf:u8-g16-int8-z128"}
