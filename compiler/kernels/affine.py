@@ -16,11 +16,14 @@ group's integer dot product, exact in int32, is rescaled in float32:
 Both sums over the activations come from the prologue, once per token and group.
 
 Layout, chosen for AVX-512 VNNI (vpdpbusd: 16 int32 lanes, each += 4 u8 x s8 products):
-  weight (ceil(out/16), in*bits/32, 16) uint32: word [b, j, r] holds row 16b + r.
-         4 bits: k = 8j .. 8j+7; byte i has k = 8j+i in its low nibble and 8j+4+i in its high one,
-         so masking a 64-byte vector with 0x0F0F0F0F (or shifting by 4 first) gives 16 rows x 4 k
-         as the u8 operand of one vpdpbusd, with no byte shuffles.
+  weight (ceil(out/16), in/8 or in/4, 16) uint32: word [b, j, r] holds row 16b + r.
+         4 bits (and 5 bits' low nibbles): k = 8j .. 8j+7; byte i has k = 8j+i in its low nibble
+         and 8j+4+i in its high one, so masking a 64-byte vector with 0x0F0F0F0F (or shifting by 4
+         first) gives 16 rows x 4 k as the u8 operand of one vpdpbusd, with no byte shuffles.
          8 bits: k = 4j .. 4j+3, byte i at k = 4j+i: a vector is one vpdpbusd operand as it is.
+  high   (ceil(out/16), in/32, 16) uint32, 5 bits only: bit i of [b, g, r] is the high bit of row
+         16b + r at k = 32g + i (GGUF's Q5 blocks store them so). Spread to bit 4 of each byte
+         of a nibble vector by one multiply: 4 bits x 0x00204081 puts bit i at bit 8i.
   scale, min (ceil(out/16), in/group, 16) of the code type: [b, g, r] is row 16b + r's group g.
   super_scale, super_min (ceil(out/16), in/256, 16) float16: int8 codes only.
 Rows past `out` are padding (u = zero, codes 0).
@@ -40,6 +43,7 @@ from . import rowblock
 from .rowblock import FORMS, ROW_BLOCK, RowBlocks, Tile, maddubs, tok, vec, widen_pairs
 
 SUPER = 256  # weights per K-quant super-block along k
+WORDS_PER_GROUP_5 = 4  # 5 bits: nibble words per 32-bit word of high bits
 
 __all__ = ["FORMS", "ROW_BLOCK", "SUPER", "Layout", "kernel", "kernel_variant", "take"]
 
@@ -48,7 +52,7 @@ __all__ = ["FORMS", "ROW_BLOCK", "SUPER", "Layout", "kernel", "kernel_variant", 
 class Layout:
     """How one weight is stored: see the module doc."""
 
-    bits: int  # 4 or 8
+    bits: int  # 4, 5 (a nibble and a high bit) or 8
     group: int  # weights per scale along k: 32, or 16 (GGUF's Q6_K)
     code: str  # the scale and min type: "float16", "float32", or "int8" (x a float16 per SUPER)
     has_min: bool
@@ -58,13 +62,15 @@ class Layout:
     full_range: bool = False
 
     def __post_init__(self) -> None:
-        ok = (self.bits == 4 and self.zero in (0, 8)) or (self.bits == 8 and self.zero == 128)
+        zeros = {4: (0, 8), 5: (0, 16), 8: (128,)}
+        ok = self.zero in zeros.get(self.bits, ()) and (self.bits != 5 or self.group == 32)
         if not ok or self.group not in (16, 32) or self.code not in ("float16", "float32", "int8"):
             raise ValueError(f"unsupported layout {self}")
 
     @property
     def per_word(self) -> int:
-        return 32 // self.bits
+        """k per 32-bit word of `weight` (5 bits: the low nibbles, as 4 bits)."""
+        return 4 if self.bits == 8 else 8
 
     @property
     def tag(self) -> str:
@@ -98,9 +104,11 @@ def _nth_bytes(word, i: int, lanes: int):
 
 def take(layout: Layout):
     """te compute of embedding rows (a tied LM head's view), dequantized exactly as the module doc
-    writes w: (ids, weight, scale[, min][, super_scale][, super_min]) -> (tokens, in) float32."""
+    writes w: (ids, weight[, high], scale[, min][, super_scale][, super_min]) -> (tokens, in)
+    float32."""
 
-    def compute(ids: te.Tensor, weight: te.Tensor, *scales: te.Tensor) -> te.Tensor:
+    def compute(ids: te.Tensor, weight: te.Tensor, *rest: te.Tensor) -> te.Tensor:
+        high, scales = (rest[0], rest[1:]) if layout.bits == 5 else (None, rest)
         s, mn, ss, sm = _split_scales(layout, scales)
         per_word = layout.per_word
 
@@ -116,9 +124,14 @@ def take(layout: Layout):
             n = ids[t]
             word = weight[n // ROW_BLOCK, k // per_word, n % ROW_BLOCK]
             within = k % per_word
-            if layout.bits == 4:
+            if layout.bits in (4, 5):
                 shift = 8 * (within % 4) + 4 * (within // 4)
                 u = (word >> shift.astype("uint32")) & tirx.const(0xF, "uint32")
+                if high is not None:
+                    bit = (
+                        high[n // ROW_BLOCK, k // 32, n % ROW_BLOCK] >> (k % 32).astype("uint32")
+                    ) & tirx.const(1, "uint32")
+                    u = u | (bit << tirx.const(4, "uint32"))
             else:
                 u = (word >> (8 * within).astype("uint32")) & tirx.const(0xFF, "uint32")
             g = k // layout.group
@@ -197,7 +210,9 @@ def _gemm(n_rows: int, in_features: int, form: str, *, layout: Layout) -> tirx.P
     # 8 bits on AVX2 (idea 7), unless some q is -128; a full-range weight takes portable steps
     signed = form == "avx2" and L.bits == 8 and not L.full_range
     pairs16 = form == "avx2" and L.bits == 4  # idea 6
-    step_form = "portable" if form == "avx2" and not (signed or pairs16) else form
+    # 5 bits on AVX2: pairs of up to 31 x 127 x 2 would overflow int16 over a group; widen per word
+    widen_each = form == "avx2" and L.bits == 5
+    step_form = "portable" if form == "avx2" and not (signed or pairs16 or widen_each) else form
 
     def dot(acc, wv, xq, t, k0):
         """acc + the 4-k dot products of x[t, k0:k0+4] (s8) with the 16 rows' u8 bytes in wv."""
@@ -215,11 +230,21 @@ def _gemm(n_rows: int, in_features: int, form: str, *, layout: Layout) -> tirx.P
             v = T.shift_right(v, T.Broadcast(T.int32(4), lanes))
         return v & T.Broadcast(T.int32(_LO), lanes)
 
-    def word_dot(acc, w, xq, b, t, j):
+    def spread(hb, b, j, half: int, n: int = lanes, h: int = 0):
+        """5 bits: row block b's high bits for word j's low (half 0) or high (half 1) nibbles, at
+        bit 4 of each byte (lanes 8h .. 8h+n-1)."""
+        shift = T.Broadcast(T.Cast("int32", 8 * (j % WORDS_PER_GROUP_5) + 4 * half), n)
+        four = T.shift_right(T.reinterpret(f"int32x{n}", hb[b, j // WORDS_PER_GROUP_5, vec(h * n, n)]), shift)
+        bits = (four & T.Broadcast(T.int32(0xF), n)) * T.Broadcast(T.int32(0x00204081), n)
+        return T.shift_left(bits & T.Broadcast(T.int32(0x01010101), n), T.Broadcast(T.int32(4), n))
+
+    def word_dot(acc, w, hb, xq, b, t, j):
         """acc + row block b's word j times token t's x."""
-        if L.bits == 4:  # 8 k: the low nibbles, then the high ones
-            low = dot(acc, nibbles(w, b, j, False), xq, t, j * per_word)
-            return dot(low, nibbles(w, b, j, True), xq, t, j * per_word + 4)
+        if L.bits in (4, 5):  # 8 k: the low nibbles, then the high ones
+            lo, hi = nibbles(w, b, j, False), nibbles(w, b, j, True)
+            if L.bits == 5:
+                lo, hi = lo | spread(hb, b, j, 0), hi | spread(hb, b, j, 1)
+            return dot(dot(acc, lo, xq, t, j * per_word), hi, xq, t, j * per_word + 4)
         return dot(acc, T.reinterpret(f"int32x{lanes}", w[b, j, vec(0)]), xq, t, j * per_word)
 
     # AVX2 (ideas 6 and 7) works on 256-bit halves: 8 rows x 4 k bytes, as int8x32.
@@ -232,11 +257,14 @@ def _gemm(n_rows: int, in_features: int, form: str, *, layout: Layout) -> tirx.P
         """int16x16: u8 bytes of `u8` times s8 bytes of `s8` (both int32x8), neighbours added."""
         return maddubs(T.reinterpret("int8x32", u8), T.reinterpret("int8x32", s8))
 
-    def pair_sums(w, xq, b, t, j, h):
-        """4 bits: rows 8h .. 8h+7 of block b, word j (8 k), times token t's x: int16x16 pair sums."""
+    def pair_sums(w, hb, xq, b, t, j, h):
+        """4 or 5 bits: rows 8h .. 8h+7 of block b, word j (8 k), times token t's x: int16x16 pair
+        sums."""
         v = T.reinterpret(f"int32x{ymm}", w[b, j, vec(h * ymm, ymm)])
         lo = v & T.Broadcast(T.int32(_LO), ymm)
         hi = T.shift_right(v, T.Broadcast(T.int32(4), ymm)) & T.Broadcast(T.int32(_LO), ymm)
+        if L.bits == 5:
+            lo, hi = lo | spread(hb, b, j, 0, ymm, h), hi | spread(hb, b, j, 1, ymm, h)
         x_lo = T.Broadcast(x_word(xq, t, j * per_word), ymm)
         x_hi = T.Broadcast(x_word(xq, t, j * per_word + 4), ymm)
         return madd(lo, x_lo) + madd(hi, x_hi)
@@ -294,7 +322,7 @@ def _gemm(n_rows: int, in_features: int, form: str, *, layout: Layout) -> tirx.P
         return v
 
     @T.macro
-    def tile(w, s, mn, ss, sm, y, xq, xs, xc, xm, m, b0, t0, tm, rb, once):
+    def tile(w, hb, s, mn, ss, sm, y, xq, xs, xc, xm, m, b0, t0, tm, rb, once):
         """Tokens t0 .. t0+tm-1 x row blocks b0 .. b0+rb-1 (`once`: each weight read once)."""
         total = T.alloc_buffer((tm, rb, lanes), "float32")
         acc = T.alloc_buffer((tm, rb, lanes), "int32")
@@ -322,7 +350,14 @@ def _gemm(n_rows: int, in_features: int, form: str, *, layout: Layout) -> tirx.P
                         if pairs16:
                             for h in T.unroll(2):
                                 pairs[t, r, vec(h * lanes)] = pairs[t, r, vec(h * lanes)] + pair_sums(
-                                    w, xq, blk(b0, r), tok(t0, t, m), g * words_per_group + u, h
+                                    w, hb, xq, blk(b0, r), tok(t0, t, m), g * words_per_group + u, h
+                                )
+                        elif widen_each:
+                            for h in T.unroll(2):
+                                acc[t, r, vec(h * ymm, ymm)] = acc[t, r, vec(h * ymm, ymm)] + widen_pairs(
+                                    pair_sums(
+                                        w, hb, xq, blk(b0, r), tok(t0, t, m), g * words_per_group + u, h
+                                    )
                                 )
                         elif signed:
                             for h in T.unroll(2):
@@ -331,7 +366,13 @@ def _gemm(n_rows: int, in_features: int, form: str, *, layout: Layout) -> tirx.P
                                 )
                         else:
                             acc[t, r, vec(0)] = word_dot(
-                                acc[t, r, vec(0)], w, xq, blk(b0, r), tok(t0, t, m), g * words_per_group + u
+                                acc[t, r, vec(0)],
+                                w,
+                                hb,
+                                xq,
+                                blk(b0, r),
+                                tok(t0, t, m),
+                                g * words_per_group + u,
                             )
             if pairs16:
                 for t in T.unroll(tm):
@@ -361,6 +402,7 @@ def _gemm(n_rows: int, in_features: int, form: str, *, layout: Layout) -> tirx.P
     dec_tm, dec_rb = DECODE_TILE[form]
     tm, rb = PANEL_TILE[form]
     min_shape = (blocks, groups, lanes) if L.has_min else (1,)
+    high_shape = (blocks, in_features // 32, lanes) if L.bits == 5 else (1,)
     super_shape = (blocks, supers, lanes)
     super_min_shape = super_shape if L.has_min else (1,)
 
@@ -368,6 +410,7 @@ def _gemm(n_rows: int, in_features: int, form: str, *, layout: Layout) -> tirx.P
     def affine_gemm(
         x_h: T.handle,
         w: T.Buffer((blocks, words, lanes), "uint32"),
+        hb: T.Buffer(high_shape, "uint32"),
         s: T.Buffer((blocks, groups, lanes), L.code),
         mn: T.Buffer(min_shape, L.code),
         ss: T.Buffer(super_shape, "float16"),
@@ -388,6 +431,7 @@ def _gemm(n_rows: int, in_features: int, form: str, *, layout: Layout) -> tirx.P
             for task in T.parallel((blocks + dec_rb - 1) // dec_rb):
                 tile(
                     w,
+                    hb,
                     s,
                     mn,
                     ss,
@@ -411,12 +455,9 @@ def _gemm(n_rows: int, in_features: int, form: str, *, layout: Layout) -> tirx.P
             xm = T.alloc_buffer((m, groups), "float32")
             for t in T.parallel(m):
                 quantize(x, xq, xs, xc, xm, t)
-            rowblock.panels(tile, (w, s, mn, ss, sm, y, xq, xs, xc, xm), m, blocks, tm, rb)
+            rowblock.panels(tile, (w, hb, s, mn, ss, sm, y, xq, xs, xc, xm), m, blocks, tm, rb)
 
-    # Parameters the layout has no use for leave the signature: (x, weight, scale, ..., y).
-    unused = [
-        i
-        for i, used in ((3, L.has_min), (4, L.code == "int8"), (5, L.code == "int8" and L.has_min))
-        if not used
-    ]
+    # Parameters the layout has no use for leave the signature: (x, weight[, high], scale, ..., y).
+    uses = ((2, L.bits == 5), (4, L.has_min), (5, L.code == "int8"), (6, L.code == "int8" and L.has_min))
+    unused = [i for i, used in uses if not used]
     return tvm_api.without_params(affine_gemm, unused)

@@ -13,14 +13,14 @@ from .scheme import ParamSpecs
 
 
 def param_specs(layout: Layout, out_features: int, in_features: int) -> ParamSpecs:
-    """weight, scale[, min][, super_scale][, super_min]: the kernel's parameter order."""
+    """weight[, high], scale[, min][, super_scale][, super_min]: the kernel's parameter order."""
     layout.check(in_features)
     blocks = -(-out_features // ROW_BLOCK)
     groups = (blocks, in_features // layout.group, ROW_BLOCK)
-    specs: ParamSpecs = {
-        "weight": ((blocks, in_features // layout.per_word, ROW_BLOCK), "uint32"),
-        "scale": (groups, layout.code),
-    }
+    specs: ParamSpecs = {"weight": ((blocks, in_features // layout.per_word, ROW_BLOCK), "uint32")}
+    if layout.bits == 5:
+        specs["high"] = ((blocks, in_features // 32, ROW_BLOCK), "uint32")
+    specs["scale"] = (groups, layout.code)
     if layout.has_min:
         specs["min"] = (groups, layout.code)
     if layout.code == "int8":
@@ -59,7 +59,12 @@ def pack(
         raise ValueError(f"{layout.tag}: stored values must lie in [0, {1 << layout.bits})")
     stored = row_blocks(u.astype(np.uint32), layout.zero)  # (blocks, k, 16)
     blocks = stored.shape[0]
-    if layout.bits == 4:
+    high = None
+    if layout.bits == 5:  # bit i of high[b, g, r]: row 16b + r's fifth bit at k = 32g + i
+        fifth = (stored >> 4).reshape(blocks, k // 32, 32, ROW_BLOCK)
+        high = (fifth << np.arange(32, dtype=np.uint32)[None, None, :, None]).sum(axis=2, dtype=np.uint32)
+        stored = stored & 0xF
+    if layout.bits in (4, 5):
         # k = 8j + 4*half + byte: byte i of word j holds k = 8j+i low and 8j+4+i high
         octets = stored.reshape(blocks, k // 8, 2, 4, ROW_BLOCK)
         bytes_ = octets[:, :, 0] | (octets[:, :, 1] << 4)  # (blocks, words, byte, 16)
@@ -67,7 +72,10 @@ def pack(
         bytes_ = stored.reshape(blocks, k // 4, 4, ROW_BLOCK)
     shifts = (np.arange(4, dtype=np.uint32) * 8)[None, None, :, None]
     words = (bytes_ << shifts).sum(axis=2, dtype=np.uint32)
-    params = {"weight": np.ascontiguousarray(words), "scale": row_blocks(scale.astype(layout.code))}
+    params = {"weight": np.ascontiguousarray(words)}
+    if high is not None:
+        params["high"] = np.ascontiguousarray(high)
+    params["scale"] = row_blocks(scale.astype(layout.code))
     if layout.has_min:
         params["min"] = row_blocks(np.asarray(min_).astype(layout.code))
     if layout.code == "int8":
@@ -77,13 +85,19 @@ def pack(
     return params
 
 
-def unpack_u(layout: Layout, weight: np.ndarray, out_features: int) -> np.ndarray:
-    """numpy twin of the layout: the (out, in) stored integers."""
+def unpack_u(
+    layout: Layout, weight: np.ndarray, out_features: int, high: np.ndarray | None = None
+) -> np.ndarray:
+    """numpy twin of the layout: the (out, in) stored integers (5 bits: given `high`)."""
     words = _unblock(weight, out_features)  # (n, words)
     by = (words[..., None] >> (np.arange(4, dtype=np.uint32) * 8)) & 0xFF  # (n, words, byte)
-    if layout.bits == 4:
+    if layout.bits in (4, 5):
         by = np.stack([by & 0xF, by >> 4], axis=2)  # (n, words, half, byte)
-    return by.reshape(out_features, -1).astype(np.int32)
+    u = by.reshape(out_features, -1).astype(np.int32)
+    if layout.bits == 5:
+        bits = (_unblock(high, out_features)[..., None] >> np.arange(32, dtype=np.uint32)) & 1
+        u |= bits.reshape(out_features, -1).astype(np.int32) << 4
+    return u
 
 
 def _values(layout: Layout, codes: np.ndarray, sup: np.ndarray | None, n: int) -> np.ndarray:
@@ -105,7 +119,7 @@ def dequantize(layout: Layout, params: dict[str, np.ndarray], n: int) -> np.ndar
     """The (n, in) float32 weights, w = scale * (u - zero) - min in float32 ops (the GGUF
     transcode's value-exact claim is about this)."""
     s, m = scales(layout, params, n)
-    q = (unpack_u(layout, params["weight"], n) - layout.zero).astype(np.float32)
+    q = (unpack_u(layout, params["weight"], n, params.get("high")) - layout.zero).astype(np.float32)
     w = np.repeat(s, layout.group, axis=1) * q
     return w - np.repeat(m, layout.group, axis=1) if m is not None else w
 
@@ -114,7 +128,7 @@ def example(layout: Layout, n: int, k: int, seed: int = 0) -> dict[str, np.ndarr
     """Random packed parameters over the layout's whole range (q = -128 only where it is full
     range): kernel fixtures for the tests and the startup self-test."""
     rng = np.random.default_rng(seed)
-    low = 0 if layout.bits == 4 or layout.full_range else 1
+    low = 0 if layout.bits != 8 or layout.full_range else 1
     u = rng.integers(low, 1 << layout.bits, (n, k))
     if layout.full_range:
         u[0, :4] = 0  # q = -128
@@ -146,7 +160,8 @@ def reference(layout: Layout, x: np.ndarray, params: dict[str, np.ndarray], n: i
     gs = layout.group
     xq, xs = quantize_activations(x, gs)
     xq = xq.astype(np.int64).reshape(m, k // gs, gs)
-    q = (unpack_u(layout, params["weight"], n).astype(np.int64) - layout.zero).reshape(n, k // gs, gs)
+    u = unpack_u(layout, params["weight"], n, params.get("high"))
+    q = (u.astype(np.int64) - layout.zero).reshape(n, k // gs, gs)
     dots = np.einsum("tgk,ngk->tng", xq, q).astype(np.float64)
     s, mn = scales(layout, params, n)
     y = dots * xs.astype(np.float64)[:, None, :] * s.astype(np.float64)[None]

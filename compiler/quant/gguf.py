@@ -9,13 +9,14 @@ Q4_0 part fused beside a type with a min gives +0 where gguf gives -0):
 
     Q4_0, Q4_1, Q4_K   4-bit nibbles, group 32: a float16 scale (and min) per group, or K-quant
                        6-bit codes (int8) times a float16 per 256
-    Q5_0, Q5_1, Q5_K,  8-bit bytes u = q + 128 (5 and 6-bit values fit), group 32, or 16 for Q6_K
-    Q6_K, Q8_0
+    Q5_0, Q5_1, Q5_K   the same nibbles, plus a 32-bit word of fifth bits per group (as GGUF
+                       stores them): 5.5 bits a weight for Q5_0, as in the file
+    Q6_K, Q8_0         8-bit bytes u = q + 128, group 16 (Q6_K) or 32
 
 Weights fused into one matmul (q, k and v; gate and up) may differ in type (Q5_0 and Q8_0 rows in
 Qwen's qkv, Q4_K and Q6_K in the 1.5B's): they share the widest layout that holds each exactly
-(8 bits beats 4, group 16 beats 32, and float32 values where one part has K-quant codes and another
-float16 scales: both are exact in float32).
+(8 bits beats 5 beats 4, group 16 beats 32, and float32 values where one part has K-quant codes
+and another float16 scales: both are exact in float32).
 """
 
 from __future__ import annotations
@@ -38,13 +39,14 @@ _NATIVE: dict[str, tuple[int, int, str, bool]] = {
     "Q4_0": (4, 32, "float16", False),
     "Q4_1": (4, 32, "float16", True),
     "Q4_K": (4, 32, "int8", True),
-    "Q5_0": (8, 32, "float16", False),
-    "Q5_1": (8, 32, "float16", True),
-    "Q5_K": (8, 32, "int8", True),
+    "Q5_0": (5, 32, "float16", False),
+    "Q5_1": (5, 32, "float16", True),
+    "Q5_K": (5, 32, "int8", True),
     "Q6_K": (8, 16, "int8", False),
     "Q8_0": (8, 32, "float16", False),
 }
 TRANSCODABLE = frozenset(_NATIVE)
+_SIGNED_OFFSET = {"Q4_0": 8, "Q5_0": 16}  # the types whose q is signed, without a min
 
 
 def layout_for(parts: Sequence[SourceTensor]) -> Layout | None:
@@ -55,9 +57,9 @@ def layout_for(parts: Sequence[SourceTensor]) -> Layout | None:
     bits = max(n[0] for n in native)
     codes = {n[2] for n in native}
     has_min = any(n[3] for n in native)
-    # 4 bits: all-Q4_0 keeps its signed nibbles (zero 8); with a min type beside it, Q4_0's
-    # d * (u - 8) becomes d * u - 8d, exact, and every nibble is stored as read.
-    zero = 128 if bits == 8 else 0 if has_min else 8
+    # 4 and 5 bits: Q4_0 and Q5_0 alone keep their signed values (zero 8 or 16); beside a type
+    # with a min, d * (u - 8) becomes d * u - 8d (16d), exact, and every value is stored as read.
+    zero = 128 if bits == 8 else 0 if has_min else 1 << (bits - 1)
     return Layout(
         bits=bits,
         group=min(n[1] for n in native),
@@ -116,8 +118,9 @@ def _in_layout(layout: Layout, type_name: str, d: gguf_blocks.Decoded) -> tuple[
     """One part's (u, scale, min, super_scale, super_min) in `layout`'s terms."""
     rows, k = d.q.shape
     q = d.q.astype(np.int32)
-    shift_min = layout.bits == 4 and layout.zero == 0 and type_name == "Q4_0"
-    u = q + (8 if shift_min else layout.zero)
+    # a signed type in a layout with a min: its offset goes into the min (Q4_0: 8d, Q5_0: 16d)
+    offset = _SIGNED_OFFSET.get(type_name, 0) if layout.zero == 0 else 0
+    u = q + (offset or layout.zero)
     repeat = d.group // layout.group  # a part with groups of 32 in a layout of 16: codes twice
 
     def per_group(s: gguf_blocks.Scales | None, native: np.ndarray | None = None) -> tuple:
@@ -135,12 +138,12 @@ def _in_layout(layout: Layout, type_name: str, d: gguf_blocks.Decoded) -> tuple[
         return (np.zeros(groups, np.float16) if s is None else np.repeat(s.codes, repeat, axis=1)), None
 
     scale, super_scale = per_group(d.scale)
-    eight_d = None
-    if shift_min:  # Q4_0's -8d as a min: exact (a power-of-two multiple), checked where float16
-        eight_d = d.scale.values(d.group) * np.float32(8)
+    offset_min = None
+    if offset:  # the offset times d as a min: exact (a power-of-two multiple), checked in float16
+        offset_min = d.scale.values(d.group) * np.float32(offset)
         if layout.code == "float16":
-            eight_d = eight_d.astype(np.float16)
-            if not np.array_equal(eight_d.astype(np.float32), d.scale.values(d.group) * np.float32(8)):
-                raise ValueError("Q4_0 scale too large to hold 8 * d in float16")
-    min_, super_min = per_group(d.min, eight_d) if layout.has_min else (None, None)
+            offset_min = offset_min.astype(np.float16)
+            if not np.isfinite(offset_min).all():
+                raise ValueError(f"{type_name} scale too large to hold {offset} * d in float16")
+    min_, super_min = per_group(d.min, offset_min) if layout.has_min else (None, None)
     return u, scale, min_, super_scale, super_min

@@ -20,8 +20,10 @@ TOKENS = (1, 5, 9)  # decode, a prefill tile with a tail
 LAYOUTS = {
     "q4_1": Layout(4, 32, "float16", True, 0),
     "q4_k": Layout(4, 32, "int8", True, 0),
-    "q5_0": Layout(8, 32, "float16", False, 128),
-    "q5_1": Layout(8, 32, "float16", True, 128),
+    "q5_0": Layout(5, 32, "float16", False, 16),
+    "q5_k": Layout(5, 32, "int8", True, 0),
+    "q5_0+q8_0": Layout(8, 32, "float16", False, 128),
+    "q5_1": Layout(5, 32, "float16", True, 0),
     "q6_k": Layout(8, 16, "int8", False, 128),
     "q4_k+q6_k": Layout(8, 16, "int8", True, 128),
     "mixed-float32": Layout(8, 32, "float32", True, 128),
@@ -75,7 +77,7 @@ def test_signature_has_only_the_layouts_parameters() -> None:
         assert len(func.params) == 2 + len(packing.param_specs(layout, 16, 256))
 
 
-@pytest.mark.parametrize("name", ["q4_k", "q4_k+q6_k", "q5_1"])
+@pytest.mark.parametrize("name", ["q4_k", "q4_k+q6_k", "q5_1", "q5_0", "q5_k"])
 def test_take_gives_the_exact_rows(name: str) -> None:
     from tvm import te
 

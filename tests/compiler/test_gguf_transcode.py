@@ -51,7 +51,7 @@ def _exact(parts: list[SourceTensor]) -> Layout:
     # Equal values; the bits too but for the sign of some zeros (Q4_0 beside a min type: d*u - 8d
     # is +0 where gguf's d*(u - 8) is -0 for a negative d), which no product can tell apart.
     assert np.isfinite(want).all() and np.array_equal(got, want)
-    if names_of(parts) != {"Q4_0"} and "Q4_0" in names_of(parts):
+    if any(len(names_of(parts)) > 1 and signed in names_of(parts) for signed in ("Q4_0", "Q5_0")):
         return scheme.layout
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
     return scheme.layout
@@ -67,9 +67,9 @@ def names_of(parts: list[SourceTensor]) -> set[str]:
         ("Q4_0", Layout(4, 32, "float16", False, 8)),
         ("Q4_1", Layout(4, 32, "float16", True, 0)),
         ("Q4_K", Layout(4, 32, "int8", True, 0)),
-        ("Q5_0", Layout(8, 32, "float16", False, 128)),
-        ("Q5_1", Layout(8, 32, "float16", True, 128)),
-        ("Q5_K", Layout(8, 32, "int8", True, 128)),
+        ("Q5_0", Layout(5, 32, "float16", False, 16)),
+        ("Q5_1", Layout(5, 32, "float16", True, 0)),
+        ("Q5_K", Layout(5, 32, "int8", True, 0)),
         ("Q6_K", Layout(8, 16, "int8", False, 128)),
         ("Q8_0", Layout(8, 32, "float16", False, 128)),
     ],
@@ -90,6 +90,9 @@ def test_each_block_type_is_value_exact_in_its_own_layout(name: str, layout: Lay
         # float16 scales beside K codes: float32 values hold both
         (("Q4_0", "Q4_K"), Layout(4, 32, "float32", True, 0)),
         (("Q5_1", "Q6_K"), Layout(8, 16, "float32", True, 128)),
+        # 5 bits: Q4_0 inside Q5_0's signed range; Q5_0 beside a min type: 16d as its min
+        (("Q5_0", "Q4_0"), Layout(5, 32, "float16", False, 16)),
+        (("Q5_0", "Q4_1"), Layout(5, 32, "float16", True, 0)),
     ],
 )
 def test_fused_parts_of_mixed_types_share_a_layout_that_holds_each_exactly(names, layout) -> None:
@@ -115,4 +118,4 @@ def test_float_and_unencodable_parts_fall_back() -> None:
 def test_scheme_names_carry_the_layout() -> None:
     """The compile cache and the manifest key on the name: each layout is its own kernel."""
     names = {scheme_for("gguf", [_tensor(n, 16, 0)]).NAME for n in ("Q4_1", "Q5_0", "Q6_K")}
-    assert names == {"gguf:u4-g32-float16-z0-min", "gguf:u8-g32-float16-z128", "gguf:u8-g16-int8-z128"}
+    assert names == {"gguf:u4-g32-float16-z0-min", "gguf:u5-g32-float16-z16", "gguf:u8-g16-int8-z128"}

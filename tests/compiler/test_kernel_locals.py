@@ -45,12 +45,13 @@ KERNELS = {
     "kv_append": lambda: kv_append.transpose_append(2, 32),
     "kv_split": lambda: kv_append.split_qkv(6, 2, 32),
     **{f"int4_{f}": (lambda f=f: affine.kernel_variant(64, 128, int4.LAYOUT, f)) for f in affine.FORMS},
-    # the GGUF transcode's widest layouts: 8 bits, K-quant codes with a min, and groups of 16
+    # the GGUF transcode's widest layouts: K-quant codes with a min, groups of 16, 5 bits
     **{
         f"gguf_{tag}_{f}": (lambda f=f, lay=lay: affine.kernel_variant(64, 256, lay, f))
         for tag, lay in (
             ("q4k", affine.Layout(4, 32, "int8", True, 0)),
             ("q6k_q4k", affine.Layout(8, 16, "int8", True, 128)),
+            ("q5_0", affine.Layout(5, 32, "float16", False, 16)),
         )
         for f in affine.FORMS
     },
