@@ -82,7 +82,7 @@ def real_bundle(real_gguf: Callable[[str], Path]) -> Callable[..., Path]:
     from goinfer.compiler.build import BuildOptions, build
     from goinfer.compiler.sources import zoo
 
-    def make(name: str, quant: str = "int4") -> Path:
+    def make(name: str, quant: str = "gguf") -> Path:
         source = real_gguf(name)
         out = zoo.bundle_path(source, quant, "llvm")
         if not out.is_file():

@@ -23,7 +23,7 @@ WEATHER = {"name": "get_weather", "description": "Get the current weather in a c
 
 @pytest.fixture(scope="module")
 def url(real_bundle) -> Iterator[str]:
-    with serving(NAME, real_bundle("qwen2.5-coder-0.5b", "int4"), KEY) as u:
+    with serving(NAME, real_bundle("qwen2.5-coder-0.5b", "gguf"), KEY) as u:
         yield u
 
 

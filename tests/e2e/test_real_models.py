@@ -1,10 +1,11 @@
 """The real models (slow tier): bundles built from the zoo's GGUFs, checked against llama.cpp.
 
 Goldens: tests/goldens/generate_<model>.json, recorded by tests/goldens/record_generate.py with
-llama-server on the same GGUF (greedy, top-5 log-probs per step). llama.cpp computes with Q4_K
-weights and 8-bit activations, we with our own requantization of the same weights, so a greedy
-path may legitimately part ways where two tokens are nearly tied: a divergence is accepted only
-where llama.cpp's own log-probs put our token within TIE of its choice.
+llama-server on the same GGUF (greedy, top-5 log-probs per step). The default gguf mode computes
+with the file's own weights, as llama.cpp does; both round activations to 8 bits, in different
+groups, so a greedy path may still part ways where two tokens are nearly tied: a divergence is
+accepted only where llama.cpp's own log-probs put our token within TIE of its choice. int8 and
+int4 re-quantize the weights, and part earlier.
 """
 
 from __future__ import annotations
@@ -19,9 +20,14 @@ pytestmark = pytest.mark.slow
 GOLDENS = Path(__file__).resolve().parents[1] / "goldens"
 MODELS = ("qwen2.5-coder-0.5b", "gemma-3-270m", "smollm2-135m")
 TIE = 0.5  # nats between llama.cpp's top token and ours where we part (its own 8-bit rounding moves ~0.4)
-# int8 of the dequantized GGUF is close to the source: greedy tokens agree until a near-tie.
-# Measured: 53/96 (qwen), 63/96 (gemma), 46/96 (smollm) tokens before parting, all at gaps < 0.35.
-MIN_INT8_AGREEMENT = 0.45
+# gguf, measured: 96/96 (qwen), 63/96 (gemma: parts at gaps 0.02 and 0.07), 77/96 (smollm).
+GGUF_AGREEMENT = 0.6
+# gguf's worst |log-prob difference| on llama.cpp's top-3 first tokens: measured 0.13 (qwen), 0.18
+# (gemma), 0.28 (smollm); int8's was 0.21, 0.35 and 0.72.
+MAX_LOGPROB_GAP = 0.4
+# Share of llama.cpp's greedy tokens we reproduce before a near-tie. int8 (the dequantized GGUF
+# re-quantized per row): 53/96 (qwen), 63/96 (gemma), 46/96 (smollm), all at gaps < 0.35.
+MIN_AGREEMENT = {"gguf": GGUF_AGREEMENT, "int8": 0.45}
 
 
 def _golden(name: str) -> dict:
@@ -44,11 +50,11 @@ def name(request) -> str:
     return request.param
 
 
-def test_int8_greedy_continuations_agree_with_llama_cpp(name, real_bundle) -> None:
+@pytest.mark.parametrize("quant", list(MIN_AGREEMENT))
+def test_greedy_continuations_agree_with_llama_cpp(name, quant, real_bundle) -> None:
     from goinfer.runtime.model import Model
 
     golden = _golden(name)
-    quant = "int8"
     model = Model.load(real_bundle(name, quant))
     agreed = total = 0
     for case in golden["cases"]:
@@ -70,7 +76,7 @@ def test_int8_greedy_continuations_agree_with_llama_cpp(name, real_bundle) -> No
             )
     share = agreed / total
     print(f"\n{name} {quant}: {agreed}/{total} greedy tokens agree with llama.cpp before a near-tie")
-    assert share >= MIN_INT8_AGREEMENT
+    assert share >= MIN_AGREEMENT[quant]
 
 
 def test_int4_stays_on_llama_cpp_top_choices(name, real_bundle, request) -> None:
@@ -102,22 +108,21 @@ def test_first_token_logprobs_close_to_llama_cpp(name, real_bundle) -> None:
     from goinfer.runtime.model import Model
     from goinfer.runtime.sampler import log_softmax
 
-    model = Model.load(real_bundle(name, "int8"))
+    model = Model.load(real_bundle(name, "gguf"))
     worst = 0.0
     for case in _golden(name)["cases"]:
         lp = log_softmax(model.prefill(case["prompt_ids"]))
         for tid, want in case["top_logprobs"][0][:3]:
             worst = max(worst, abs(lp[tid] - want))
-    print(f"\n{name} int8: max |Δ logprob| of llama.cpp's top-3 first tokens: {worst:.3f}")
-    # Measured 0.21 (qwen), 0.35 (gemma), 0.72 (smollm: per-row int8 of a Q4_1 grid is coarser).
-    assert worst < 0.8
+    print(f"\n{name} gguf: max |Δ logprob| of llama.cpp's top-3 first tokens: {worst:.3f}")
+    assert worst < MAX_LOGPROB_GAP
 
 
 def test_chat_generation_stops_at_end_of_turn(name, real_bundle) -> None:
     from goinfer.runtime.model import Model
     from goinfer.runtime.sampler import SamplingParams
 
-    model = Model.load(real_bundle(name, "int4"))
+    model = Model.load(real_bundle(name, "gguf"))
     ids = model.chat_prompt([{"role": "user", "content": "Say hello in one word."}])
     events = list(model.generate(ids, SamplingParams(temperature=0, max_tokens=48)))
     text = "".join(e.text for e in events)

@@ -59,7 +59,7 @@ ASK = [{"role": "user", "content": "What's the weather like in Paris today?"}]
 
 @pytest.fixture(scope="module")
 def client(real_bundle) -> Iterator[openai.OpenAI]:
-    with serving(NAME, real_bundle("qwen2.5-coder-0.5b", "int4"), KEY) as url:
+    with serving(NAME, real_bundle("qwen2.5-coder-0.5b", "gguf"), KEY) as url:
         yield openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0, timeout=300)
 
 
