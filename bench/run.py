@@ -169,28 +169,48 @@ def _peer(binary: Path, gguf: Path, pp: int, tg: int, threads: int) -> dict[str,
 
 
 def _bundle_weight_mb(bundle: Path) -> float:
-    from goinfer.artifacts import giw
+    """MB of weights a decode step reads: all of them but an untied embedding table, of which a
+    token reads one row (Qwen's 151936 x 896: a fifth of the 0.5B's bytes)."""
+    from goinfer.artifacts import giw, manifest
 
     with giw.open_bundle(bundle, verify="none") as b:
-        return sum(b.tensor_info(n).nbytes for n in b.manifest["params"]) / 1e6
+        spec = manifest.Manifest.from_json(b.manifest).model
+        names = [n for n in b.manifest["params"] if spec.tie_embeddings or not n.startswith("embed_tokens.")]
+        return sum(b.tensor_info(n).nbytes for n in names) / 1e6
 
 
 def _gguf_weight_mb(gguf: Path) -> float:
+    """The same for a GGUF: token_embd is read a row a token where output.weight is the head."""
     import gguf as gguf_lib
 
-    return sum(int(t.n_bytes) for t in gguf_lib.GGUFReader(str(gguf)).tensors) / 1e6
+    tensors = gguf_lib.GGUFReader(str(gguf)).tensors
+    untied = any(t.name == "output.weight" for t in tensors)
+    return sum(int(t.n_bytes) for t in tensors if not (untied and t.name == "token_embd.weight")) / 1e6
 
 
 def _ensure_bundle(gguf: Path, quant: str) -> Path:
     from goinfer.artifacts import giw
-    from goinfer.compiler.build import BuildOptions, build
     from goinfer.compiler.sources import zoo
 
     bundle = zoo.bundle_path(gguf, quant, "llvm")
     if not bundle.is_file():
         _log(f"building {bundle.name}")
         bundle.parent.mkdir(parents=True, exist_ok=True)  # a fresh machine has no bundle cache yet
-        build(gguf, bundle, BuildOptions(target="llvm", quant=quant))
+        # In a child process: by now this one may hold mapped bundles and gigabytes of logits
+        # (bench.quality), and a compile beside them died without a word (twice, Gemma's).
+        cmd = [
+            sys.executable,
+            "-m",
+            "goinfer.cli.main",
+            "build",
+            str(gguf),
+            "--quant",
+            quant,
+            "-o",
+            str(bundle),
+        ]
+        if subprocess.run(cmd).returncode != 0:
+            raise SystemExit(f"bench: building {bundle.name} failed (command: {' '.join(cmd)})")
     # A bundle's first open hashes every blob (once per machine): not part of a cold start.
     with giw.open_bundle(bundle, verify="once"):
         pass

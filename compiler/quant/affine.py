@@ -11,6 +11,11 @@ import numpy as np
 from ..kernels.affine import ROW_BLOCK, SUPER, Layout
 from .scheme import ParamSpecs
 
+# 5 bits: the bit of a group's high word holding the fifth bit at k = 32g + c (kernels/affine.py):
+# c = 8u + 4*half + i -> 8i + 2u + half.
+_C = np.arange(32)
+FIFTH_BIT = (8 * (_C % 4) + 2 * (_C // 8) + _C % 8 // 4).astype(np.uint32)
+
 
 def param_specs(layout: Layout, out_features: int, in_features: int) -> ParamSpecs:
     """weight[, high], scale[, min][, super_scale][, super_min]: the kernel's parameter order."""
@@ -60,9 +65,9 @@ def pack(
     stored = row_blocks(u.astype(np.uint32), layout.zero)  # (blocks, k, 16)
     blocks = stored.shape[0]
     high = None
-    if layout.bits == 5:  # bit i of high[b, g, r]: row 16b + r's fifth bit at k = 32g + i
+    if layout.bits == 5:  # row 16b + r's fifth bits of group g at high[b, g, r], FIFTH_BIT apart
         fifth = (stored >> 4).reshape(blocks, k // 32, 32, ROW_BLOCK)
-        high = (fifth << np.arange(32, dtype=np.uint32)[None, None, :, None]).sum(axis=2, dtype=np.uint32)
+        high = (fifth << FIFTH_BIT[None, None, :, None]).sum(axis=2, dtype=np.uint32)
         stored = stored & 0xF
     if layout.bits in (4, 5):
         # k = 8j + 4*half + byte: byte i of word j holds k = 8j+i low and 8j+4+i high
@@ -95,7 +100,7 @@ def unpack_u(
         by = np.stack([by & 0xF, by >> 4], axis=2)  # (n, words, half, byte)
     u = by.reshape(out_features, -1).astype(np.int32)
     if layout.bits == 5:
-        bits = (_unblock(high, out_features)[..., None] >> np.arange(32, dtype=np.uint32)) & 1
+        bits = (_unblock(high, out_features)[..., None] >> FIFTH_BIT) & 1
         u |= bits.reshape(out_features, -1).astype(np.int32) << 4
     return u
 
