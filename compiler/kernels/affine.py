@@ -17,15 +17,16 @@ Both sums over the activations come from the prologue, once per token and group.
 
 Layout, chosen for AVX-512 VNNI (vpdpbusd: 16 int32 lanes, each += 4 u8 x s8 products):
   weight (ceil(out/16), in/8 or in/4, 16) uint32: word [b, j, r] holds row 16b + r.
-         4 bits (and 5 bits' low nibbles): k = 8j .. 8j+7; byte i has k = 8j+i in its low nibble
-         and 8j+4+i in its high one, so masking a 64-byte vector with 0x0F0F0F0F (or shifting by 4
+         4 bits (and 5 and 6 bits' low nibbles): k = 8j .. 8j+7; byte i has k = 8j+i in its low
+         nibble and 8j+4+i in its high one, so masking a 64-byte vector with 0x0F0F0F0F (or shifting by 4
          first) gives 16 rows x 4 k as the u8 operand of one vpdpbusd, with no byte shuffles.
          8 bits: k = 4j .. 4j+3, byte i at k = 4j+i: a vector is one vpdpbusd operand as it is.
-  high   (ceil(out/16), in/32, 16) uint32, 5 bits only: row 16b + r's fifth bits of group g, byte
-         i's bit 2u holding the one at k = 32g + 8u + i and bit 2u + 1 the one at 32g + 8u + 4 + i:
-         for nibble word u of the group, one shift puts each byte's bit under its nibble's bit 4,
-         and one mask keeps it. (Bit c at k = 32g + c, as GGUF stores them, took a multiply to
-         spread: gate_up GEMVs of Qwen-0.5B read 24.6 GB/s so, against 28.8 for int4.)
+  high   (ceil(out/16), in/32 * planes, 16) uint32, 5 and 6 bits: [b, g*planes + p, r] is row
+         16b + r's bits 4 + p over the 32 k of group g, byte i's bit 2u holding the one at
+         k = 32g + 8u + i and bit 2u + 1 the one at 32g + 8u + 4 + i: for nibble word u of the
+         group, one shift puts each byte's bit over its nibble, and one mask keeps it. (Bit c
+         at k = 32g + c, as GGUF stores them, took a multiply to spread: Qwen-0.5B's gate_up
+         GEMVs read 24.6 GB/s so, against 27.4 now and 28.8 for int4.)
   scale, min (ceil(out/16), in/group, 16) of the code type: [b, g, r] is row 16b + r's group g.
   super_scale, super_min (ceil(out/16), in/256, 16) float16: int8 codes only.
 Rows past `out` are padding (u = zero, codes 0).
@@ -45,7 +46,7 @@ from . import rowblock
 from .rowblock import FORMS, ROW_BLOCK, RowBlocks, Tile, maddubs, tok, vec, widen_pairs
 
 SUPER = 256  # weights per K-quant super-block along k
-WORDS_PER_GROUP_5 = 4  # 5 bits: nibble words per 32-bit word of high bits
+WORDS_PER_GROUP_5 = 4  # 5 and 6 bits: nibble words per 32-bit word of a bit plane
 
 __all__ = ["FORMS", "ROW_BLOCK", "SUPER", "Layout", "kernel", "kernel_variant", "take"]
 
@@ -54,7 +55,7 @@ __all__ = ["FORMS", "ROW_BLOCK", "SUPER", "Layout", "kernel", "kernel_variant", 
 class Layout:
     """How one weight is stored: see the module doc."""
 
-    bits: int  # 4, 5 (a nibble and a high bit) or 8
+    bits: int  # 4, 5 or 6 (a nibble and 1 or 2 bit planes), or 8
     group: int  # weights per scale along k: 32, or 16 (GGUF's Q6_K)
     code: str  # the scale and min type: "float16", "float32", or "int8" (x a float16 per SUPER)
     has_min: bool
@@ -64,10 +65,15 @@ class Layout:
     full_range: bool = False
 
     def __post_init__(self) -> None:
-        zeros = {4: (0, 8), 5: (0, 16), 8: (128,)}
-        ok = self.zero in zeros.get(self.bits, ()) and (self.bits != 5 or self.group == 32)
+        zeros = {4: (0, 8), 5: (0, 16), 6: (32,), 8: (128,)}
+        ok = self.zero in zeros.get(self.bits, ())
         if not ok or self.group not in (16, 32) or self.code not in ("float16", "float32", "int8"):
             raise ValueError(f"unsupported layout {self}")
+
+    @property
+    def planes(self) -> int:
+        """Bit planes above the nibble: 1 for 5 bits, 2 for 6."""
+        return self.bits - 4 if self.bits in (5, 6) else 0
 
     @property
     def per_word(self) -> int:
@@ -110,7 +116,7 @@ def take(layout: Layout):
     float32."""
 
     def compute(ids: te.Tensor, weight: te.Tensor, *rest: te.Tensor) -> te.Tensor:
-        high, scales = (rest[0], rest[1:]) if layout.bits == 5 else (None, rest)
+        high, scales = (rest[0], rest[1:]) if layout.planes else (None, rest)
         s, mn, ss, sm = _split_scales(layout, scales)
         per_word = layout.per_word
 
@@ -126,16 +132,14 @@ def take(layout: Layout):
             n = ids[t]
             word = weight[n // ROW_BLOCK, k // per_word, n % ROW_BLOCK]
             within = k % per_word
-            if layout.bits in (4, 5):
+            if layout.bits != 8:
                 shift = 8 * (within % 4) + 4 * (within // 4)
                 u = (word >> shift.astype("uint32")) & tirx.const(0xF, "uint32")
-                if high is not None:
-                    c = k % 32
-                    bit = (
-                        high[n // ROW_BLOCK, k // 32, n % ROW_BLOCK]
-                        >> (8 * (c % 4) + 2 * (c // 8) + c % 8 // 4).astype("uint32")
-                    ) & tirx.const(1, "uint32")
-                    u = u | (bit << tirx.const(4, "uint32"))
+                c = k % 32
+                at = (8 * (c % 4) + 2 * (c // 8) + c % 8 // 4).astype("uint32")
+                for p in range(layout.planes):
+                    plane = high[n // ROW_BLOCK, k // 32 * layout.planes + p, n % ROW_BLOCK]
+                    u = u | (((plane >> at) & tirx.const(1, "uint32")) << tirx.const(4 + p, "uint32"))
             else:
                 u = (word >> (8 * within).astype("uint32")) & tirx.const(0xFF, "uint32")
             g = k // layout.group
@@ -214,8 +218,9 @@ def _gemm(n_rows: int, in_features: int, form: str, *, layout: Layout) -> tirx.P
     # 8 bits on AVX2 (idea 7), unless some q is -128; a full-range weight takes portable steps
     signed = form == "avx2" and L.bits == 8 and not L.full_range
     pairs16 = form == "avx2" and L.bits == 4  # idea 6
-    # 5 bits on AVX2: pairs of up to 31 x 127 x 2 would overflow int16 over a group; widen per word
-    widen_each = form == "avx2" and L.bits == 5
+    # 5 and 6 bits on AVX2: pairs of up to 63 x 127 x 2 would overflow int16 over a group (a word's
+    # two, 32004, just fit): widen per word
+    widen_each = form == "avx2" and L.bits in (5, 6)
     step_form = "portable" if form == "avx2" and not (signed or pairs16 or widen_each) else form
 
     def dot(acc, wv, xq, t, k0):
@@ -234,24 +239,26 @@ def _gemm(n_rows: int, in_features: int, form: str, *, layout: Layout) -> tirx.P
             v = T.shift_right(v, T.Broadcast(T.int32(4), lanes))
         return v & T.Broadcast(T.int32(_LO), lanes)
 
-    def spread(hb, b, j, half: int, n: int = lanes, h: int = 0):
-        """5 bits: row block b's fifth bits for word j's low (half 0) or high (half 1) nibbles, at
-        bit 4 of each byte (lanes 8h .. 8h+n-1): one shift and one mask (see the module doc)."""
-        hv = T.reinterpret(f"int32x{n}", hb[b, j // WORDS_PER_GROUP_5, vec(h * n, n)])
+    def spread(v, hb, b, j, half: int, n: int = lanes, h: int = 0):
+        """v (nibbles) with row block b's bits above them for word j's low (half 0) or high (half 1)
+        nibbles, at bits 4 and 5 of each byte (lanes 8h .. 8h+n-1): one shift and one mask a
+        plane (see the module doc)."""
         p = 2 * (j % WORDS_PER_GROUP_5) + half  # the bit of each byte that holds them
-        moved = T.Select(
-            p <= 4,
-            T.shift_left(hv, T.Broadcast(T.Cast("int32", 4 - p), n)),
-            T.shift_right(hv, T.Broadcast(T.Cast("int32", p - 4), n)),
-        )
-        return moved & T.Broadcast(T.int32(0x10101010), n)
+        for plane in range(L.planes):
+            hv = T.reinterpret(f"int32x{n}", hb[b, j // WORDS_PER_GROUP_5 * L.planes + plane, vec(h * n, n)])
+            to = 4 + plane
+            moved = T.Select(
+                p <= to,
+                T.shift_left(hv, T.Broadcast(T.Cast("int32", to - p), n)),
+                T.shift_right(hv, T.Broadcast(T.Cast("int32", p - to), n)),
+            )
+            v = v | (moved & T.Broadcast(T.int32(0x01010101 << to), n))
+        return v
 
     def word_dot(acc, w, hb, xq, b, t, j):
         """acc + row block b's word j times token t's x."""
-        if L.bits in (4, 5):  # 8 k: the low nibbles, then the high ones
-            lo, hi = nibbles(w, b, j, False), nibbles(w, b, j, True)
-            if L.bits == 5:
-                lo, hi = lo | spread(hb, b, j, 0), hi | spread(hb, b, j, 1)
+        if L.bits != 8:  # 8 k: the low nibbles, then the high ones
+            lo, hi = spread(nibbles(w, b, j, False), hb, b, j, 0), spread(nibbles(w, b, j, True), hb, b, j, 1)
             return dot(dot(acc, lo, xq, t, j * per_word), hi, xq, t, j * per_word + 4)
         return dot(acc, T.reinterpret(f"int32x{lanes}", w[b, j, vec(0)]), xq, t, j * per_word)
 
@@ -266,13 +273,12 @@ def _gemm(n_rows: int, in_features: int, form: str, *, layout: Layout) -> tirx.P
         return maddubs(T.reinterpret("int8x32", u8), T.reinterpret("int8x32", s8))
 
     def pair_sums(w, hb, xq, b, t, j, h):
-        """4 or 5 bits: rows 8h .. 8h+7 of block b, word j (8 k), times token t's x: int16x16 pair
+        """4 to 6 bits: rows 8h .. 8h+7 of block b, word j (8 k), times token t's x: int16x16 pair
         sums."""
         v = T.reinterpret(f"int32x{ymm}", w[b, j, vec(h * ymm, ymm)])
         lo = v & T.Broadcast(T.int32(_LO), ymm)
         hi = T.shift_right(v, T.Broadcast(T.int32(4), ymm)) & T.Broadcast(T.int32(_LO), ymm)
-        if L.bits == 5:
-            lo, hi = lo | spread(hb, b, j, 0, ymm, h), hi | spread(hb, b, j, 1, ymm, h)
+        lo, hi = spread(lo, hb, b, j, 0, ymm, h), spread(hi, hb, b, j, 1, ymm, h)
         x_lo = T.Broadcast(x_word(xq, t, j * per_word), ymm)
         x_hi = T.Broadcast(x_word(xq, t, j * per_word + 4), ymm)
         return madd(lo, x_lo) + madd(hi, x_hi)
@@ -410,7 +416,7 @@ def _gemm(n_rows: int, in_features: int, form: str, *, layout: Layout) -> tirx.P
     dec_tm, dec_rb = DECODE_TILE[form]
     tm, rb = PANEL_TILE[form]
     min_shape = (blocks, groups, lanes) if L.has_min else (1,)
-    high_shape = (blocks, in_features // 32, lanes) if L.bits == 5 else (1,)
+    high_shape = (blocks, in_features // 32 * L.planes, lanes) if L.planes else (1,)
     super_shape = (blocks, supers, lanes)
     super_min_shape = super_shape if L.has_min else (1,)
 
@@ -466,6 +472,6 @@ def _gemm(n_rows: int, in_features: int, form: str, *, layout: Layout) -> tirx.P
             rowblock.panels(tile, (w, hb, s, mn, ss, sm, y, xq, xs, xc, xm), m, blocks, tm, rb)
 
     # Parameters the layout has no use for leave the signature: (x, weight[, high], scale, ..., y).
-    uses = ((2, L.bits == 5), (4, L.has_min), (5, L.code == "int8"), (6, L.code == "int8" and L.has_min))
+    uses = ((2, L.planes > 0), (4, L.has_min), (5, L.code == "int8"), (6, L.code == "int8" and L.has_min))
     unused = [i for i, used in uses if not used]
     return tvm_api.without_params(affine_gemm, unused)

@@ -23,8 +23,8 @@ def param_specs(layout: Layout, out_features: int, in_features: int) -> ParamSpe
     blocks = -(-out_features // ROW_BLOCK)
     groups = (blocks, in_features // layout.group, ROW_BLOCK)
     specs: ParamSpecs = {"weight": ((blocks, in_features // layout.per_word, ROW_BLOCK), "uint32")}
-    if layout.bits == 5:
-        specs["high"] = ((blocks, in_features // 32, ROW_BLOCK), "uint32")
+    if layout.planes:
+        specs["high"] = ((blocks, in_features // 32 * layout.planes, ROW_BLOCK), "uint32")
     specs["scale"] = (groups, layout.code)
     if layout.has_min:
         specs["min"] = (groups, layout.code)
@@ -65,11 +65,12 @@ def pack(
     stored = row_blocks(u.astype(np.uint32), layout.zero)  # (blocks, k, 16)
     blocks = stored.shape[0]
     high = None
-    if layout.bits == 5:  # row 16b + r's fifth bits of group g at high[b, g, r], FIFTH_BIT apart
-        fifth = (stored >> 4).reshape(blocks, k // 32, 32, ROW_BLOCK)
-        high = (fifth << FIFTH_BIT[None, None, :, None]).sum(axis=2, dtype=np.uint32)
+    if layout.planes:  # row 16b + r's bit 4 + p of group g at high[b, g*planes + p, r], FIFTH_BIT apart
+        above = (stored >> 4).reshape(blocks, k // 32, 32, 1, ROW_BLOCK) >> np.arange(layout.planes)[:, None]
+        bits = ((above & 1) << FIFTH_BIT[None, None, :, None, None]).sum(axis=2, dtype=np.uint32)
+        high = bits.reshape(blocks, k // 32 * layout.planes, ROW_BLOCK)
         stored = stored & 0xF
-    if layout.bits in (4, 5):
+    if layout.bits != 8:
         # k = 8j + 4*half + byte: byte i of word j holds k = 8j+i low and 8j+4+i high
         octets = stored.reshape(blocks, k // 8, 2, 4, ROW_BLOCK)
         bytes_ = octets[:, :, 0] | (octets[:, :, 1] << 4)  # (blocks, words, byte, 16)
@@ -93,15 +94,17 @@ def pack(
 def unpack_u(
     layout: Layout, weight: np.ndarray, out_features: int, high: np.ndarray | None = None
 ) -> np.ndarray:
-    """numpy twin of the layout: the (out, in) stored integers (5 bits: given `high`)."""
+    """numpy twin of the layout: the (out, in) stored integers (5 and 6 bits: given `high`)."""
     words = _unblock(weight, out_features)  # (n, words)
     by = (words[..., None] >> (np.arange(4, dtype=np.uint32) * 8)) & 0xFF  # (n, words, byte)
-    if layout.bits in (4, 5):
+    if layout.bits != 8:
         by = np.stack([by & 0xF, by >> 4], axis=2)  # (n, words, half, byte)
     u = by.reshape(out_features, -1).astype(np.int32)
-    if layout.bits == 5:
-        bits = (_unblock(high, out_features)[..., None] >> FIFTH_BIT) & 1
-        u |= bits.reshape(out_features, -1).astype(np.int32) << 4
+    if layout.planes:
+        planes = _unblock(high, out_features).reshape(out_features, -1, layout.planes, 1)
+        bits = (planes >> FIFTH_BIT) & 1  # (n, groups, plane, c)
+        for p in range(layout.planes):
+            u |= bits[:, :, p].reshape(out_features, -1).astype(np.int32) << (4 + p)
     return u
 
 

@@ -11,12 +11,13 @@ Q4_0 part fused beside a type with a min gives +0 where gguf gives -0):
                        6-bit codes (int8) times a float16 per 256
     Q5_0, Q5_1, Q5_K   the same nibbles, plus a 32-bit word of fifth bits per group (as GGUF
                        stores them): 5.5 bits a weight for Q5_0, as in the file
-    Q6_K, Q8_0         8-bit bytes u = q + 128, group 16 (Q6_K) or 32
+    Q6_K               two such planes: 6 bits, group 16, K-quant codes (6.56 bits as in the file)
+    Q8_0               8-bit bytes u = q + 128, group 32
 
 Weights fused into one matmul (q, k and v; gate and up) may differ in type (Q5_0 and Q8_0 rows in
-Qwen's qkv, Q4_K and Q6_K in the 1.5B's): they share the widest layout that holds each exactly
-(8 bits beats 5 beats 4, group 16 beats 32, and float32 values where one part has K-quant codes
-and another float16 scales: both are exact in float32).
+Qwen's qkv; Q4_K and Q6_K in the 1.5B's, which share 6 bits in groups of 16): they share the
+widest layout that holds each exactly (more bits beat fewer, group 16 beats 32, and float32
+values where one part has K-quant codes and another float16 scales: both are exact in float32).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ _NATIVE: dict[str, tuple[int, int, str, bool]] = {
     "Q5_0": (5, 32, "float16", False),
     "Q5_1": (5, 32, "float16", True),
     "Q5_K": (5, 32, "int8", True),
-    "Q6_K": (8, 16, "int8", False),
+    "Q6_K": (6, 16, "int8", False),
     "Q8_0": (8, 32, "float16", False),
 }
 TRANSCODABLE = frozenset(_NATIVE)
@@ -59,7 +60,8 @@ def layout_for(parts: Sequence[SourceTensor]) -> Layout | None:
     has_min = any(n[3] for n in native)
     # 4 and 5 bits: Q4_0 and Q5_0 alone keep their signed values (zero 8 or 16); beside a type
     # with a min, d * (u - 8) becomes d * u - 8d (16d), exact, and every value is stored as read.
-    zero = 128 if bits == 8 else 0 if has_min else 1 << (bits - 1)
+    # 6 and 8 bits: every type's q, signed or not, fits beside zero 32 (128).
+    zero = {6: 32, 8: 128}.get(bits, 0 if has_min else 1 << (bits - 1))
     return Layout(
         bits=bits,
         group=min(n[1] for n in native),

@@ -24,8 +24,9 @@ LAYOUTS = {
     "q5_k": Layout(5, 32, "int8", True, 0),
     "q5_0+q8_0": Layout(8, 32, "float16", False, 128),
     "q5_1": Layout(5, 32, "float16", True, 0),
-    "q6_k": Layout(8, 16, "int8", False, 128),
-    "q4_k+q6_k": Layout(8, 16, "int8", True, 128),
+    "q6_k": Layout(6, 16, "int8", False, 32),
+    "q4_k+q6_k": Layout(6, 16, "int8", True, 32),
+    "q6_k+q8_0": Layout(8, 16, "float32", False, 128),
     "mixed-float32": Layout(8, 32, "float32", True, 128),
     "q8_0-minus-128": Layout(8, 32, "float16", False, 128, full_range=True),
 }

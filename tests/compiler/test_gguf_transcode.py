@@ -70,7 +70,7 @@ def names_of(parts: list[SourceTensor]) -> set[str]:
         ("Q5_0", Layout(5, 32, "float16", False, 16)),
         ("Q5_1", Layout(5, 32, "float16", True, 0)),
         ("Q5_K", Layout(5, 32, "int8", True, 0)),
-        ("Q6_K", Layout(8, 16, "int8", False, 128)),
+        ("Q6_K", Layout(6, 16, "int8", False, 32)),
         ("Q8_0", Layout(8, 32, "float16", False, 128)),
     ],
 )
@@ -83,13 +83,15 @@ def test_each_block_type_is_value_exact_in_its_own_layout(name: str, layout: Lay
     [
         # Qwen-0.5B's qkv: Q5_0 q and k, a Q8_0 v
         (("Q5_0", "Q5_0", "Q8_0"), Layout(8, 32, "float16", False, 128)),
-        # Qwen-1.5B's: Q4_K q and k, a Q6_K v -> 8 bits, groups of 16, K codes with a min
-        (("Q4_K", "Q4_K", "Q6_K"), Layout(8, 16, "int8", True, 128)),
+        # Qwen-1.5B's: Q4_K q and k, a Q6_K v -> 6 bits, groups of 16, K codes with a min
+        (("Q4_K", "Q4_K", "Q6_K"), Layout(6, 16, "int8", True, 32)),
+        (("Q5_K", "Q6_K"), Layout(6, 16, "int8", True, 32)),
+        (("Q6_K", "Q8_0"), Layout(8, 16, "float32", False, 128)),
         # Q4_0 beside a min type: d * (u - 8) as d * u - 8d
         (("Q4_0", "Q4_1"), Layout(4, 32, "float16", True, 0)),
         # float16 scales beside K codes: float32 values hold both
         (("Q4_0", "Q4_K"), Layout(4, 32, "float32", True, 0)),
-        (("Q5_1", "Q6_K"), Layout(8, 16, "float32", True, 128)),
+        (("Q5_1", "Q6_K"), Layout(6, 16, "float32", True, 32)),
         # 5 bits: Q4_0 inside Q5_0's signed range; Q5_0 beside a min type: 16d as its min
         (("Q5_0", "Q4_0"), Layout(5, 32, "float16", False, 16)),
         (("Q5_0", "Q4_1"), Layout(5, 32, "float16", True, 0)),
@@ -118,4 +120,4 @@ def test_float_and_unencodable_parts_fall_back() -> None:
 def test_scheme_names_carry_the_layout() -> None:
     """The compile cache and the manifest key on the name: each layout is its own kernel."""
     names = {scheme_for("gguf", [_tensor(n, 16, 0)]).NAME for n in ("Q4_1", "Q5_0", "Q6_K")}
-    assert names == {"gguf:u4-g32-float16-z0-min", "gguf:u5-g32-float16-z16", "gguf:u8-g16-int8-z128"}
+    assert names == {"gguf:u4-g32-float16-z0-min", "gguf:u5-g32-float16-z16", "gguf:u6-g16-int8-z32"}

@@ -50,7 +50,7 @@ KERNELS = {
         f"gguf_{tag}_{f}": (lambda f=f, lay=lay: affine.kernel_variant(64, 256, lay, f))
         for tag, lay in (
             ("q4k", affine.Layout(4, 32, "int8", True, 0)),
-            ("q6k_q4k", affine.Layout(8, 16, "int8", True, 128)),
+            ("q6k_q4k", affine.Layout(6, 16, "int8", True, 32)),
             ("q5_0", affine.Layout(5, 32, "float16", False, 16)),
         )
         for f in affine.FORMS
