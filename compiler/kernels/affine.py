@@ -210,6 +210,7 @@ def _gemm(n_rows: int, in_features: int, form: str, *, layout: Layout) -> tirx.P
     per_word, lanes = L.per_word, ROW_BLOCK
     words, groups = in_features // per_word, in_features // L.group
     words_per_group = L.group // per_word
+    per_32 = 32 // L.group if L.planes else 1  # groups per step of the group loop
     groups_per_super = SUPER // L.group
     supers = in_features // SUPER if L.code == "int8" else 1
     rows = RowBlocks(n_rows, words, PREFETCH_BYTES)
@@ -344,66 +345,71 @@ def _gemm(n_rows: int, in_features: int, form: str, *, layout: Layout) -> tirx.P
             for r in T.unroll(rb):
                 total[t, r, vec(0)] = T.Broadcast(T.float32(0), lanes)
         pairs = T.alloc_buffer((tm, rb, 2 * lanes), "int16")  # AVX2's 4-bit int16 group sums
-        for g in T.serial(groups):
-            if pairs16:
-                for t in T.unroll(tm):
-                    for r in T.unroll(rb):
-                        pairs[t, r, vec(0, 2 * lanes)] = T.Broadcast(T.int16(0), 2 * lanes)
-            elif signed:
-                for t in T.unroll(tm):
-                    for r in T.unroll(rb):
-                        acc[t, r, vec(0)] = T.Broadcast(T.int32(0), lanes)
-            else:
-                for t in T.unroll(tm):
-                    for r in T.unroll(rb):
-                        acc[t, r, vec(0)] = T.Broadcast(xc[tok(t0, t, m), g], lanes)
-            for u in T.unroll(words_per_group):
-                for r in T.unroll(rb):
-                    T.evaluate(rows.prefetch(w, blk(b0, r), g * words_per_group + u, rb, once))
+        # Groups run in steps of 32 k, so the bit-plane word and where a word's bits sit in it
+        # are known when unrolled (with groups of 16 they were run-time shifts: Q6_K's GEMM at
+        # half the speed of 8 bits).
+        for g32 in T.serial(groups // per_32):
+            for gi in T.unroll(per_32):
+                g = T.meta_var(g32 * per_32 + gi)
+                if pairs16:
                     for t in T.unroll(tm):
-                        if pairs16:
-                            for h in T.unroll(2):
-                                pairs[t, r, vec(h * lanes)] = pairs[t, r, vec(h * lanes)] + pair_sums(
-                                    w, hb, xq, blk(b0, r), tok(t0, t, m), g * words_per_group + u, h
-                                )
-                        elif widen_each:
-                            for h in T.unroll(2):
-                                acc[t, r, vec(h * ymm, ymm)] = acc[t, r, vec(h * ymm, ymm)] + widen_pairs(
-                                    pair_sums(
+                        for r in T.unroll(rb):
+                            pairs[t, r, vec(0, 2 * lanes)] = T.Broadcast(T.int16(0), 2 * lanes)
+                elif signed:
+                    for t in T.unroll(tm):
+                        for r in T.unroll(rb):
+                            acc[t, r, vec(0)] = T.Broadcast(T.int32(0), lanes)
+                else:
+                    for t in T.unroll(tm):
+                        for r in T.unroll(rb):
+                            acc[t, r, vec(0)] = T.Broadcast(xc[tok(t0, t, m), g], lanes)
+                for u in T.unroll(words_per_group):
+                    for r in T.unroll(rb):
+                        T.evaluate(rows.prefetch(w, blk(b0, r), g * words_per_group + u, rb, once))
+                        for t in T.unroll(tm):
+                            if pairs16:
+                                for h in T.unroll(2):
+                                    pairs[t, r, vec(h * lanes)] = pairs[t, r, vec(h * lanes)] + pair_sums(
                                         w, hb, xq, blk(b0, r), tok(t0, t, m), g * words_per_group + u, h
                                     )
+                            elif widen_each:
+                                for h in T.unroll(2):
+                                    acc[t, r, vec(h * ymm, ymm)] = acc[t, r, vec(h * ymm, ymm)] + widen_pairs(
+                                        pair_sums(
+                                            w, hb, xq, blk(b0, r), tok(t0, t, m), g * words_per_group + u, h
+                                        )
+                                    )
+                            elif signed:
+                                for h in T.unroll(2):
+                                    acc[t, r, vec(h * ymm, ymm)] = acc[t, r, vec(h * ymm, ymm)] + signed_dot(
+                                        w, xq, blk(b0, r), tok(t0, t, m), g * words_per_group + u, h
+                                    )
+                            else:
+                                acc[t, r, vec(0)] = word_dot(
+                                    acc[t, r, vec(0)],
+                                    w,
+                                    hb,
+                                    xq,
+                                    blk(b0, r),
+                                    tok(t0, t, m),
+                                    g * words_per_group + u,
                                 )
-                        elif signed:
+                if pairs16:
+                    for t in T.unroll(tm):
+                        for r in T.unroll(rb):
                             for h in T.unroll(2):
-                                acc[t, r, vec(h * ymm, ymm)] = acc[t, r, vec(h * ymm, ymm)] + signed_dot(
-                                    w, xq, blk(b0, r), tok(t0, t, m), g * words_per_group + u, h
-                                )
-                        else:
-                            acc[t, r, vec(0)] = word_dot(
-                                acc[t, r, vec(0)],
-                                w,
-                                hb,
-                                xq,
-                                blk(b0, r),
-                                tok(t0, t, m),
-                                g * words_per_group + u,
+                                acc[t, r, vec(h * ymm, ymm)] = widen_pairs(
+                                    pairs[t, r, vec(h * lanes)]
+                                ) + T.Broadcast(xc[tok(t0, t, m), g], ymm)
+                for r in T.unroll(rb):
+                    for t in T.unroll(tm):
+                        total[t, r, vec(0)] = total[t, r, vec(0)] + T.Cast(
+                            f"float32x{lanes}", acc[t, r, vec(0)]
+                        ) * (group_value(s, ss, blk(b0, r), g) * T.Broadcast(xs[tok(t0, t, m), g], lanes))
+                        if L.has_min:
+                            total[t, r, vec(0)] = total[t, r, vec(0)] - group_value(mn, sm, blk(b0, r), g) * (
+                                T.Broadcast(xm[tok(t0, t, m), g], lanes)
                             )
-            if pairs16:
-                for t in T.unroll(tm):
-                    for r in T.unroll(rb):
-                        for h in T.unroll(2):
-                            acc[t, r, vec(h * ymm, ymm)] = widen_pairs(
-                                pairs[t, r, vec(h * lanes)]
-                            ) + T.Broadcast(xc[tok(t0, t, m), g], ymm)
-            for r in T.unroll(rb):
-                for t in T.unroll(tm):
-                    total[t, r, vec(0)] = total[t, r, vec(0)] + T.Cast(
-                        f"float32x{lanes}", acc[t, r, vec(0)]
-                    ) * (group_value(s, ss, blk(b0, r), g) * T.Broadcast(xs[tok(t0, t, m), g], lanes))
-                    if L.has_min:
-                        total[t, r, vec(0)] = total[t, r, vec(0)] - group_value(mn, sm, blk(b0, r), g) * (
-                            T.Broadcast(xm[tok(t0, t, m), g], lanes)
-                        )
         for t in T.unroll(tm):
             for r in T.unroll(rb):
                 if t0 + t < m and b0 + r < blocks:
