@@ -402,12 +402,17 @@ def _gemm(n_rows: int, in_features: int, form: str, *, layout: Layout) -> tirx.P
                                     pairs[t, r, vec(h * lanes)]
                                 ) + T.Broadcast(xc[tok(t0, t, m), g], ymm)
                 for r in T.unroll(rb):
+                    # the block's scales (and mins) once, for every token of the tile
+                    sv = T.alloc_buffer((2, lanes), "float32")
+                    sv[0, vec(0)] = group_value(s, ss, blk(b0, r), g)
+                    if L.has_min:
+                        sv[1, vec(0)] = group_value(mn, sm, blk(b0, r), g)
                     for t in T.unroll(tm):
                         total[t, r, vec(0)] = total[t, r, vec(0)] + T.Cast(
                             f"float32x{lanes}", acc[t, r, vec(0)]
-                        ) * (group_value(s, ss, blk(b0, r), g) * T.Broadcast(xs[tok(t0, t, m), g], lanes))
+                        ) * (sv[0, vec(0)] * T.Broadcast(xs[tok(t0, t, m), g], lanes))
                         if L.has_min:
-                            total[t, r, vec(0)] = total[t, r, vec(0)] - group_value(mn, sm, blk(b0, r), g) * (
+                            total[t, r, vec(0)] = total[t, r, vec(0)] - sv[1, vec(0)] * (
                                 T.Broadcast(xm[tok(t0, t, m), g], lanes)
                             )
         for t in T.unroll(tm):
