@@ -27,7 +27,8 @@ from pathlib import Path
 from . import llama_cpp
 
 MODELS = ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "gemma-3-270m", "smollm2-135m")
-QUANTS = ("gguf", "int4")
+QUANTS = ("gguf", "int4")  # the default run: the default mode and the smallest
+KNOWN_QUANTS = ("gguf", "int4", "int4mix", "int8int8", "int8", "f32")
 
 
 @dataclass(frozen=True)
@@ -229,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     models, quants = (
         parse_list(a.models, MODELS, "model"),
-        parse_list(a.quants, (*QUANTS, "gguf", "int8", "f32"), "quant"),
+        parse_list(a.quants, KNOWN_QUANTS, "quant"),
     )
 
     from goinfer.compiler.sources import zoo

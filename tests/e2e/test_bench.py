@@ -40,11 +40,11 @@ def test_median_and_table():
 
 
 def test_unknown_names_are_one_line_errors():
-    assert run.parse_list("int4, int8int8", run.QUANTS, "quant") == ["int4", "int8int8"]
+    assert run.parse_list("int4, int8int8", run.KNOWN_QUANTS, "quant") == ["int4", "int8int8"]
     with pytest.raises(SystemExit, match="unknown model nope"):
         run.parse_list("nope", run.MODELS, "model")
     with pytest.raises(SystemExit, match="unknown quant"):
-        run.parse_list("", run.QUANTS, "quant")
+        run.parse_list("", run.KNOWN_QUANTS, "quant")
 
 
 class _ScriptedModel:
