@@ -27,7 +27,7 @@ from bench.quality import peer_perplexity  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 TEXT = HERE / "perplexity.txt"
-MODELS = ("qwen2.5-coder-0.5b", "gemma-3-270m", "smollm2-135m")
+MODELS = ("qwen2.5-coder-0.5b", "gemma-3-270m", "smollm2-135m", "qwen2.5-coder-1.5b")
 CTX, CHUNKS, THREADS = 512, 6, 2
 
 
