@@ -2,8 +2,9 @@
 
 gguf keeps each weight's own blocks, so what is left between us and llama.cpp is activation
 rounding (we quantize x to int8 per group of 32 or 16; llama.cpp to Q8_0/Q8_K) and float order.
-The bar is the issue's target: within 1% on every zoo GGUF, the 1.5B agent model included. Golden: tests/goldens/perplexity.json
-(record_perplexity.py: llama-perplexity on tests/goldens/perplexity.txt).
+The bar is the issue's target: within 1% on every zoo GGUF, the 1.5B agent model included.
+Golden: tests/goldens/perplexity.json (record_perplexity.py: llama-perplexity on
+tests/goldens/perplexity.txt).
 """
 
 from __future__ import annotations
