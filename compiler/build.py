@@ -29,7 +29,7 @@ MAX_PREFILL_CHUNK = 2048
 @dataclass(frozen=True)
 class BuildOptions:
     target: str = "llvm"
-    quant: str = "gguf"  # quant.DEFAULT_QUANT: the checkpoint's own blocks, value-exact
+    quant: str = "gguf"  # the checkpoint's own blocks, value-exact (quant/gguf.py)
     num_cores: int | None = None  # threads the compiled module is built for; default: this host's
 
 

@@ -4,9 +4,9 @@ Each fixture is one of our dispatched kernels (int4's and int8int8's GEMV and GE
 run-time activation quantizers, int8, f32, and the grouped affine kernel in every layout the
 bundle's gguf weights use) on a tiny fixed input, with the answer its portable numpy twin gives.
 A kernel with an ISA-specific form (the VNNI and AVX2 ones) is compiled in the form each tier's
-model gets. The runtime (runtime/selftest.py) runs every
-tier's library on them before trusting that tier with a model: a wrong kernel on some CPU returns
-slightly wrong numbers rather than crashing, and this is how it gets caught.
+model gets. The runtime (runtime/selftest.py) runs every tier's library on them before trusting
+that tier with a model: a wrong kernel on some CPU returns slightly wrong numbers rather than
+crashing, and this is how it gets caught.
 """
 
 from __future__ import annotations

@@ -15,7 +15,6 @@ from .scheme import Scheme
 
 SCHEMES: dict[str, Scheme] = {m.NAME: m for m in (f32, int8, int8int8, int4)}
 QUANT_MODES = ("gguf", *SCHEMES, "int4mix")
-DEFAULT_QUANT = "gguf"
 _FLOAT = frozenset({"F32", "F16", "BF16"})
 
 
