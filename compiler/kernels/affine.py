@@ -105,6 +105,12 @@ _LO = 0x0F0F0F0F
 _SIGN_BITS = -0x7F7F7F80  # 0x80808080 as int32: xor turns each stored q + 128 back into q
 
 
+def plane_bit(c):
+    """The bit of a group's plane word holding the plane's bit at k = 32g + c (the module doc:
+    c = 8u + 4*half + i sits at 8i + 2u + half). Ints, numpy arrays or TIR expressions."""
+    return 8 * (c % 4) + 2 * (c // 8) + c % 8 // 4
+
+
 def _nth_bytes(word, i: int, lanes: int):
     """Unsigned byte i of each int32 lane."""
     return T.shift_right(word, T.Broadcast(T.int32(8 * i), lanes)) & T.Broadcast(T.int32(0xFF), lanes)
@@ -122,11 +128,9 @@ def take(layout: Layout):
 
         def value(codes, sup, n, g):
             v = codes[n // ROW_BLOCK, g, n % ROW_BLOCK].astype("float32")
-            return (
-                v * sup[n // ROW_BLOCK, g * layout.group // SUPER, n % ROW_BLOCK].astype("float32")
-                if (sup is not None)
-                else v
-            )
+            if sup is None:
+                return v
+            return v * sup[n // ROW_BLOCK, g * layout.group // SUPER, n % ROW_BLOCK].astype("float32")
 
         def row(t, k):
             n = ids[t]
@@ -135,8 +139,7 @@ def take(layout: Layout):
             if layout.bits != 8:
                 shift = 8 * (within % 4) + 4 * (within // 4)
                 u = (word >> shift.astype("uint32")) & tirx.const(0xF, "uint32")
-                c = k % 32
-                at = (8 * (c % 4) + 2 * (c // 8) + c % 8 // 4).astype("uint32")
+                at = plane_bit(k % 32).astype("uint32")
                 for p in range(layout.planes):
                     plane = high[n // ROW_BLOCK, k // 32 * layout.planes + p, n % ROW_BLOCK]
                     u = u | (((plane >> at) & tirx.const(1, "uint32")) << tirx.const(4 + p, "uint32"))

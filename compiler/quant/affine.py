@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels.affine import ROW_BLOCK, SUPER, Layout
+from ..kernels.affine import ROW_BLOCK, SUPER, Layout, plane_bit
 from .scheme import ParamSpecs
 
-# 5 bits: the bit of a group's high word holding the fifth bit at k = 32g + c (kernels/affine.py):
-# c = 8u + 4*half + i -> 8i + 2u + half.
-_C = np.arange(32)
-FIFTH_BIT = (8 * (_C % 4) + 2 * (_C // 8) + _C % 8 // 4).astype(np.uint32)
+FIFTH_BIT = plane_bit(np.arange(32)).astype(np.uint32)  # per c of a group: its bit in a plane word
 
 
 def param_specs(layout: Layout, out_features: int, in_features: int) -> ParamSpecs:

@@ -9,8 +9,8 @@ Q4_0 part fused beside a type with a min gives +0 where gguf gives -0):
 
     Q4_0, Q4_1, Q4_K   4-bit nibbles, group 32: a float16 scale (and min) per group, or K-quant
                        6-bit codes (int8) times a float16 per 256
-    Q5_0, Q5_1, Q5_K   the same nibbles, plus a 32-bit word of fifth bits per group (as GGUF
-                       stores them): 5.5 bits a weight for Q5_0, as in the file
+    Q5_0, Q5_1, Q5_K   the same nibbles, plus a 32-bit word of fifth bits per group (a bit plane,
+                       ordered for the kernel): 5.5 bits a weight for Q5_0, as in the file
     Q6_K               two such planes: 6 bits, group 16, K-quant codes (6.56 bits as in the file)
     Q8_0               8-bit bytes u = q + 128, group 32
 
@@ -46,7 +46,6 @@ _NATIVE: dict[str, tuple[int, int, str, bool]] = {
     "Q6_K": (6, 16, "int8", False),
     "Q8_0": (8, 32, "float16", False),
 }
-TRANSCODABLE = frozenset(_NATIVE)
 _SIGNED_OFFSET = {"Q4_0": 8, "Q5_0": 16}  # the types whose q is signed, without a min
 
 

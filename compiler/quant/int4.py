@@ -1,4 +1,4 @@
-"""int4: symmetric 4-bit, one float16 scale per group of 32 along K (the default): 4.5 bits/weight.
+"""int4: symmetric 4-bit, one float16 scale per group of 32 along K: 4.5 bits/weight, the smallest.
 
 The quantizer: the scale per group, chosen for the least squared error. The layout, the kernel
 (W4A8: activations quantized to int8 per group at run time) and their numpy twins are the grouped

@@ -22,8 +22,8 @@ class SourceTensor:
     source_type: str  # the stored encoding: "F32", "F16", "Q4_K", ...
     bits: float  # bits per weight of that encoding (int4mix keeps >= 5 bits as int8)
     load: Callable[[], np.ndarray]  # dequantized float32 of `shape`, read lazily from the mmap
-    # The stored blocks as (rows, bytes per row) uint8, rows in `load`'s order: what the gguf
-    # scheme transcodes exactly. None where the source has no blocks (float tensors).
+    # The stored blocks as (rows, bytes per row) uint8, read-only, rows in `load`'s order: what
+    # the gguf scheme transcodes exactly. None where the source has no blocks (float tensors).
     raw: Callable[[], np.ndarray] | None = None
 
 

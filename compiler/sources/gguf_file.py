@@ -151,8 +151,10 @@ def _raw_loader(t: ReaderTensor, shape: tuple[int, ...], n_head: int | None) -> 
     def raw() -> np.ndarray:
         rows = int(np.prod(shape[:-1]))
         blocks = np.asarray(t.data).view(np.uint8).reshape(rows, -1)
-        # a row's blocks move with it, so the llama Q/K row permutation undoes the same way
-        return _unpermute_rows(blocks, n_head) if n_head else blocks.copy()
+        # a row's blocks move with it, so the llama Q/K row permutation undoes the same way;
+        # otherwise the mmap's read-only view: the transcode only reads it (a Q8_0 head is read
+        # twice, for its -128 check and its packing, and need not be copied for either)
+        return _unpermute_rows(blocks, n_head) if n_head else blocks
 
     return raw
 
