@@ -20,7 +20,7 @@ from typing import Any
 
 from .giw import FORMAT_VERSION, RESERVED_KEYS, Bundle, BundleError
 
-ENTRY_POINTS = ("prefill", "prefill_all", "decode", "create_kv_cache")
+ENTRY_POINTS = ("prefill_all", "decode", "batch_prefill", "batch_decode", "create_kv_cache")
 
 
 @dataclass(frozen=True)

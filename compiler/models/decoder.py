@@ -1,5 +1,6 @@
 """The decoder-only skeleton the families share: attention over the paged KV cache, and the
-exported entry points (prefill / prefill_all / decode / create_kv_cache).
+exported entry points (prefill_all / decode / batch_prefill / batch_decode /
+create_kv_cache).
 
 A family supplies its layer class; behaviour that differs between families comes from ModelSpec
 flags (bias, qk-norm, sliding layers), never from the family's name. A layer's forward takes the
@@ -116,22 +117,27 @@ class CausalLM(nn.Module):
     # Each takes token ids and returns only the logits (the cache is updated in place). A separate
     # embed call and a reshape cost a decode step 20 + 31 us on the cold cache a step leaves
     # behind, and handing the cache back a tuple and a wrapper more (SmolLM2, measured: 3% a token).
-    def prefill(self, input_ids: Tensor, kv: tvm_api.PagedKVCache):
-        """Logits of the last prompt position only: (1, 1, vocab)."""
-        h = self._body(self._embed(input_ids), kv)
-
-        def last(x: te.Tensor) -> te.Tensor:
-            t, d = x.shape
-            return te.compute((1, d), lambda _, k: x[t - 1, k], name="last_position")
-
-        return self._logits(op.tensor_expr_op(last, "last_position", [h]))
-
     def prefill_all(self, input_ids: Tensor, kv: tvm_api.PagedKVCache):
         """Logits of every prompt position: (1, seq_len, vocab) (prompt log-probs, tests)."""
         return self._logits(self._body(self._embed(input_ids), kv))
 
     def decode(self, input_ids: Tensor, kv: tvm_api.PagedKVCache):
         """One new token of one sequence: (1,) -> (1, 1, vocab)."""
+        return self._logits(self._body(self._embed(input_ids), kv))
+
+    def batch_prefill(self, input_ids: Tensor, logit_positions: Tensor, kv: tvm_api.PagedKVCache):
+        """Several sequences' tokens packed in `begin_forward`'s order: (n,) -> (1, b, vocab), the
+        logits at the b packed positions asked for (each sequence's last token)."""
+        h = self._body(self._embed(input_ids), kv)
+
+        def rows(x: te.Tensor, at: te.Tensor) -> te.Tensor:
+            return te.compute((at.shape[0], x.shape[1]), lambda i, k: x[at[i], k], name="logit_rows")
+
+        return self._logits(op.tensor_expr_op(rows, "logit_rows", [h, logit_positions]))
+
+    def batch_decode(self, input_ids: Tensor, kv: tvm_api.PagedKVCache):
+        """One new token for each of b sequences: (b,) -> (1, b, vocab). Every weight is read once
+        for all b rows (the quantized kernels take their m > 1 paths)."""
         return self._logits(self._body(self._embed(input_ids), kv))
 
     def create_kv_cache(
@@ -161,11 +167,17 @@ class CausalLM(nn.Module):
         packed = {"param_mode": "packed", "effect_mode": "none"}
         return nn.spec.ModuleSpec.from_raw(
             {
-                "prefill": {"input_ids": nn.spec.Tensor(["seq_len"], "int32"), "kv": kv, "$": packed},
                 "prefill_all": {"input_ids": nn.spec.Tensor(["seq_len"], "int32"), "kv": kv, "$": packed},
                 # One sequence, static shapes: the VM plans every buffer at build time, and the
                 # small elementwise kernels run serial (schedules.SmallSerial).
                 "decode": {"input_ids": nn.spec.Tensor([1], "int32"), "kv": kv, "$": packed},
+                "batch_prefill": {
+                    "input_ids": nn.spec.Tensor(["seq_len"], "int32"),
+                    "logit_positions": nn.spec.Tensor(["batch"], "int32"),
+                    "kv": kv,
+                    "$": packed,
+                },
+                "batch_decode": {"input_ids": nn.spec.Tensor(["batch"], "int32"), "kv": kv, "$": packed},
                 "create_kv_cache": {
                     "max_batch_size": int,
                     "max_total_seq_len": int,
