@@ -9,8 +9,12 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
+
+if TYPE_CHECKING:
+    from goinfer.runtime.scheduler import SchedulerConfig
 
 EXIT_BAD_INPUT = 2
 _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
@@ -193,6 +197,49 @@ def generate(
     type=click.IntRange(min=0),
     help="stored /v1/responses kept in memory for previous_response_id",
 )
+@click.option(
+    "--max-concurrent",
+    default=4,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="generations per model at once; their decode steps share one forward (1: one at a time)",
+)
+@click.option(
+    "--kv-sessions",
+    default=16,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="finished conversations kept warm in the KV cache for prompt-prefix reuse (0: no reuse)",
+)
+@click.option(
+    "--session-dir",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="persist warm sessions here after each request and on shutdown; restored at start",
+)
+@click.option(
+    "--prefill-chunk",
+    default=512,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="prompt tokens a scheduler step: a long prompt holds running generations up this long at most",
+)
+@click.option(
+    "--cpu-batch",
+    default="auto",
+    show_default=True,
+    type=click.Choice(["auto", "on", "off"]),
+    help="batch concurrent generations' decode steps into one forward",
+)
+@click.option(
+    "--ctx", default=0, type=click.IntRange(min=0), help="cap the context window (0: the model's own)"
+)
+@click.option(
+    "--kv-tokens",
+    default=0,
+    type=click.IntRange(min=0),
+    help="KV cache capacity in tokens, all sequences together (0: the context window)",
+)
 @click.option("--quant", default="gguf", show_default=True, help="used only when a model must be built")
 @click.option("--no-selftest", is_flag=True, help="skip the startup kernel self-test")
 def serve(
@@ -206,10 +253,18 @@ def serve(
     allow_admin: bool,
     unload_drain_wait: float,
     responses_store: int,
+    max_concurrent: int,
+    kv_sessions: int,
+    session_dir: str | None,
+    prefill_chunk: int,
+    cpu_batch: str,
+    ctx: int,
+    kv_tokens: int,
     quant: str,
     no_selftest: bool,
 ) -> None:
     """Serve models over OpenAI-compatible and Anthropic Messages HTTP APIs (base URL http://ADDR/v1)."""
+    from goinfer.runtime.scheduler import SchedulerConfig
     from goinfer.serve import server
     from goinfer.serve.app import create_app
     from goinfer.serve.config import ServeConfig, parse_addr
@@ -228,10 +283,20 @@ def serve(
             tls_cert=tls_cert,
             tls_key=tls_key,
             responses_store=responses_store,
+            max_concurrent=max_concurrent,
+        )
+        engine = SchedulerConfig(
+            max_concurrent=max_concurrent,
+            kv_sessions=kv_sessions,
+            prefill_chunk=prefill_chunk,
+            batch=cpu_batch,
+            kv_tokens=kv_tokens,
+            context=ctx,
+            session_dir=session_dir,
         )
         server.check_exposure(config)  # before any model loads: a refusal costs nothing
         context = server.ssl_context(config)
-        load = _engine_loader(quant, no_selftest)
+        load = _engine_loader(quant, no_selftest, engine)
         engines = {}
         from goinfer.compiler.sources.zoo import DEFAULT_MODEL
 
@@ -258,15 +323,18 @@ def _model_specs(specs: tuple[str, ...]) -> list[tuple[str, str]]:
     return list(out.items())
 
 
-def _engine_loader(default_quant: str, no_selftest: bool):
+def _engine_loader(default_quant: str, no_selftest: bool, engine: SchedulerConfig | None = None):
     """(name, path, quant) -> a ModelEngine: a .giw as is, a .gguf or zoo name built once into the cache."""
+    from goinfer.runtime.scheduler import SchedulerConfig
+
+    config = engine or SchedulerConfig()
 
     def load(name: str, ref: str, quant: str | None):
         from goinfer.serve.model_engine import ModelEngine
 
         try:
             bundle = _resolve_bundle(ref, quant or default_quant, "llvm")
-            return ModelEngine.load(bundle, self_test=False if no_selftest else None)
+            return ModelEngine.load(bundle, self_test=False if no_selftest else None, config=config)
         except _user_errors() as e:
             raise ValueError(f"--model {name}={ref}: {e}") from None
 

@@ -1,14 +1,18 @@
 """The decode loop, over any source of logits: sampling, grammar masks, logprobs, captured choices.
 
-`Model.generate` runs it over the compiled model; tests run the very same loop over fake logits.
+`Model.generate` and the server's scheduler run it over the compiled model; tests run the very
+same loop over fake logits.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from .detokenizer import Detokenizer
 from .grammar import Constraint
 from .sampler import Sampler, SamplingParams, log_softmax
 from .stream import StepChoice, StepEvent
@@ -60,6 +64,57 @@ def sample_tokens(
         if n < budget:
             logits = step(tok)
     yield StepEvent(None, "", None, finish, {"completion_tokens": n})
+
+
+def generate_events(
+    detok: Detokenizer,
+    prompt_ids: list[int],
+    prefill: Callable[[], tuple[np.ndarray, int]],
+    step: Callable[[int], np.ndarray],
+    budget: int,
+    params: SamplingParams,
+    stop_ids: frozenset[int],
+    logprobs: int | None = None,
+    constraint: Constraint | None = None,
+    capture: bool = False,
+) -> Iterator[StepEvent]:
+    """A whole generation over any model driver: `prefill()` feeds the prompt and gives the last
+    position's logits and how many prompt tokens the cache already held (reused, not computed);
+    `step(token)` feeds one token. Token events, then a final one whose timings carry the counts
+    (prompt, cached and completion tokens) and the prefill and decode rates."""
+    t0 = time.perf_counter()
+    logits, cached = prefill()
+    t_prefill = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    first = True
+    for ev in sample_tokens(
+        logits, step, budget, params, stop_ids, detok.push, logprobs, constraint, capture
+    ):
+        if ev.token_id is not None:
+            if first:  # the prompt's counts, known now: a stop string may end the reply before the end event
+                ev, first = (
+                    dataclasses.replace(
+                        ev, timings={"prompt_tokens": len(prompt_ids), "cached_tokens": cached}
+                    ),
+                    False,
+                )
+            yield ev
+            continue
+        t_decode, n, computed = (
+            time.perf_counter() - t1,
+            ev.timings["completion_tokens"],
+            len(prompt_ids) - cached,
+        )
+        timings = {
+            "prompt_tokens": len(prompt_ids),
+            "cached_tokens": cached,
+            "completion_tokens": n,
+            "prefill_s": t_prefill,
+            "decode_s": t_decode,
+            "prefill_tok_s": computed / t_prefill if t_prefill > 0 else 0.0,
+            "decode_tok_s": (n - 1) / t_decode if n > 1 and t_decode > 0 else 0.0,
+        }
+        yield StepEvent(None, detok.flush(), None, ev.finish_reason, timings)
 
 
 # Where at most this many tokens are legal, a captured step keeps each one's probability (enum,

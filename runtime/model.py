@@ -23,7 +23,7 @@ from tokenizers import Tokenizer
 from . import selftest
 from . import tvm_runtime as rt
 from .chat import render_chat
-from .decode import sample_tokens
+from .decode import generate_events
 from .detokenizer import Detokenizer
 from .grammar import Constraint, GrammarTokenizer
 from .sampler import SamplingParams
@@ -150,12 +150,55 @@ class Model:
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
-    # -- forward passes (sequence 0; the server's batching builds on these) ---------------
+    # -- the KV cache ---------------------------------------------------------------------
+    @property
+    def kv_bytes_per_token(self) -> int:
+        s, width = self.spec, 2 if self.manifest.kv_cache.dtype == "float16" else 4
+        return s.num_layers * 2 * s.num_kv_heads * s.head_dim * width
+
+    def create_cache(self, max_batch: int, tokens: int):
+        """A paged KV cache for up to `max_batch` sequences a forward and `tokens` tokens in all,
+        allocated now. Created for the manifest's prefill chunk: no forward may feed more tokens."""
+        page = self.manifest.kv_cache.page_size
+        return rt.create_kv_cache(self.vm, max_batch, tokens, self.prefill_chunk, page)
+
+    def run(
+        self, kv, seq_ids: list[int], chunks: list[list[int]], every_position: bool = False
+    ) -> np.ndarray:
+        """One forward: each sequence's new tokens appended to its KV. Returns the logits at each
+        sequence's last new token, (len(seq_ids), vocab), or with `every_position` at every new
+        token, (total, vocab).
+
+        The entry point follows the shape: one token of one sequence runs the static `decode`;
+        one token each of several, `batch_decode` (every weight read once for all); anything
+        else the prefill graphs. `begin_forward` commits pages before the model runs, so a call
+        that fails is rolled back: the cache is as it was."""
+        lengths = [len(c) for c in chunks]
+        if every_position:
+            fn, args = "prefill_all", [rt.int32_tensor([t for c in chunks for t in c])]
+        elif lengths == [1]:
+            self._token[0] = chunks[0][0]
+            fn, args = "decode", [self._token_tensor]
+        elif all(n == 1 for n in lengths):
+            fn, args = "batch_decode", [rt.int32_tensor([c[0] for c in chunks])]
+        else:
+            ids = rt.int32_tensor([t for c in chunks for t in c])
+            fn, args = "batch_prefill", [ids, rt.int32_tensor(np.cumsum(lengths) - 1)]
+        rt.begin_forward(kv, seq_ids, lengths)
+        try:
+            logits = self._entry[fn](*args, kv, self.params)
+            rt.end_forward(kv)
+        except BaseException:
+            for seq, n in zip(seq_ids, lengths, strict=True):
+                rt.pop_tokens(kv, seq, n)
+            raise
+        return rt.to_numpy(logits)[0]
+
+    # -- forward passes on one sequence (the CLI, benches, tests; the server's scheduler
+    # drives `run` on its own cache) -------------------------------------------------------
     def _ensure_kv(self) -> None:
         if self._kv is None:
-            # Created for the manifest's prefill chunk: no forward pass may feed more tokens.
-            page = self.manifest.kv_cache.page_size
-            self._kv = rt.create_kv_cache(self.vm, 1, self.context_length, self.prefill_chunk, page)
+            self._kv = self.create_cache(1, self.context_length)
             rt.add_sequence(self._kv, 0)
 
     def reset(self) -> None:
@@ -164,18 +207,10 @@ class Model:
             rt.add_sequence(self._kv, 0)
         self._kv_len = 0
 
-    def _forward(self, ids: list[int], fn: str) -> np.ndarray:
-        if len(ids) == 1:
-            self._token[0] = ids[0]
-            x = self._token_tensor
-            fn = "decode"  # one token: the decode graph, whatever was asked
-        else:
-            x = rt.int32_tensor(ids)
-        rt.begin_forward(self._kv, [0], [len(ids)])
-        logits = self._entry[fn](x, self._kv, self.params)
-        rt.end_forward(self._kv)
+    def _forward(self, ids: list[int], every_position: bool = False) -> np.ndarray:
+        out = self.run(self._kv, [0], [ids], every_position)
         self._kv_len += len(ids)
-        return rt.to_numpy(logits)[0]
+        return out
 
     def _chunks(self, ids: list[int], size: int) -> Iterator[list[int]]:
         """A fresh sequence 0, then `ids` in pieces of at most `size` tokens, each fed as it is taken."""
@@ -190,7 +225,7 @@ class Model:
         """Feed a prompt of any length up to the window; returns the last position's logits (vocab,)."""
         out = None
         for chunk in self._chunks(ids, self.prefill_chunk):
-            out = self._forward(chunk, "prefill")
+            out = self._forward(chunk)
         if out is None:
             raise ValueError("empty prompt")
         return out[-1]
@@ -203,12 +238,12 @@ class Model:
         """
         rows = max(1, min(self.prefill_chunk, LOGITS_CHUNK_BYTES // (4 * self.spec.vocab_size)))
         for chunk in self._chunks(ids, rows):
-            yield self._forward(chunk, "prefill_all")
+            yield self._forward(chunk, every_position=True)
 
     def decode_step(self, token_id: int) -> np.ndarray:
         if self._kv_len >= self.context_length:
             raise ValueError("context window is full")
-        return self._forward([token_id], "decode")[-1]
+        return self._forward([token_id])[-1]
 
     # -- generation ----------------------------------------------------------------------
     def generate(
@@ -219,28 +254,20 @@ class Model:
         constraint: Constraint | None = None,
         capture: bool = False,
     ) -> Iterator[StepEvent]:
-        """Stream tokens; the final event carries finish_reason and timings (see `sample_tokens`)."""
+        """Stream tokens on sequence 0; the final event carries finish_reason and timings (see
+        `decode.generate_events`)."""
         if not prompt_ids:
             raise ValueError("empty prompt")
-        detok = Detokenizer(self.tokenizer, prompt_ids)
-        t0 = time.perf_counter()
-        logits = self.prefill(prompt_ids)
-        t_prefill = time.perf_counter() - t0
         budget = min(params.max_tokens, self.context_length - len(prompt_ids))
-        t1 = time.perf_counter()
-        for ev in sample_tokens(
-            logits, self.decode_step, budget, params, self.stop_ids, detok.push, logprobs, constraint, capture
-        ):
-            if ev.token_id is not None:
-                yield ev
-                continue
-            t_decode, n = time.perf_counter() - t1, ev.timings["completion_tokens"]
-            timings = {
-                "prompt_tokens": len(prompt_ids),
-                "completion_tokens": n,
-                "prefill_s": t_prefill,
-                "decode_s": t_decode,
-                "prefill_tok_s": len(prompt_ids) / t_prefill if t_prefill > 0 else 0.0,
-                "decode_tok_s": (n - 1) / t_decode if n > 1 and t_decode > 0 else 0.0,
-            }
-            yield StepEvent(None, detok.flush(), None, ev.finish_reason, timings)
+        return generate_events(
+            Detokenizer(self.tokenizer, prompt_ids),
+            prompt_ids,
+            lambda: (self.prefill(prompt_ids), 0),
+            self.decode_step,
+            budget,
+            params,
+            self.stop_ids,
+            logprobs,
+            constraint,
+            capture,
+        )

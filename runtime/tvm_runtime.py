@@ -69,6 +69,9 @@ _remove_sequence = tvm_ffi.get_global_func("vm.builtin.kv_state_remove_sequence"
 _begin_forward = tvm_ffi.get_global_func("vm.builtin.kv_state_begin_forward")
 _end_forward = tvm_ffi.get_global_func("vm.builtin.kv_state_end_forward")
 _popn = tvm_ffi.get_global_func("vm.builtin.kv_state_popn")
+_fork = tvm_ffi.get_global_func("vm.builtin.kv_state_fork_sequence")
+_available_pages = tvm_ffi.get_global_func("vm.builtin.attention_kv_cache_get_num_available_pages")
+_debug_get_kv = tvm_ffi.get_global_func("vm.builtin.attention_kv_cache_debug_get_kv")
 
 
 def load_vm(library_path: str):
@@ -150,6 +153,16 @@ def end_forward(kv) -> None:
 
 def pop_tokens(kv, seq_id: int, n: int) -> None:
     _popn(kv, seq_id, n)
+
+
+def fork_sequence(kv, parent: int, child: int, at: int) -> None:
+    """A new sequence `child` holding `parent`'s first `at` tokens: full pages shared, the partial
+    page at the fork point copied."""
+    _fork(kv, parent, child, at)
+
+
+def available_pages(kv) -> int:
+    return int(_available_pages(kv))
 
 
 def to_numpy(t) -> np.ndarray:

@@ -34,7 +34,7 @@ def create_app(
         middlewares=guards(openai_envelope),
         client_max_size=max(caps.text, caps.small) + 1,
     )
-    registry = Registry(config.max_queue)
+    registry = Registry(config.max_queue, config.max_concurrent)
     for name, engine in engines.items():
         registry.add(name, engine)
     app[CONFIG], app[CAPS], app[REGISTRY] = config, caps, registry

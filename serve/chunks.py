@@ -20,11 +20,12 @@ from .errors import APIError, openai_envelope
 Chunk = dict[str, Any]
 
 
-def _usage(u: Usage) -> dict[str, int]:
+def _usage(u: Usage) -> dict[str, Any]:
     return {
         "prompt_tokens": u.prompt_tokens,
         "completion_tokens": u.completion_tokens,
         "total_tokens": u.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
     }
 
 

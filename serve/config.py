@@ -35,7 +35,8 @@ class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 8080
     api_key: str | None = None
-    max_queue: int = 8  # requests that may wait per model behind the one running
+    max_queue: int = 8  # requests that may wait per model behind the running ones
+    max_concurrent: int = 4  # generations per model at once (the model's scheduler batches them)
     max_body_bytes: int = 0  # 0: derived per route (BodyCaps.resolve)
     allow_admin: bool = False
     unload_drain_wait_s: float = 5.0

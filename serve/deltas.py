@@ -31,6 +31,7 @@ class TokenLogprob:
 class Usage:
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0  # prompt tokens whose KV was reused, not computed (prefix caching)
 
     @property
     def total_tokens(self) -> int:
@@ -110,7 +111,7 @@ def text_deltas(
     """
     matcher = StopMatcher(stop)
     pending: deque[tuple[int, int, TokenLogprob]] = deque()  # (start, end) of the token's text, entry
-    produced = emitted = completion = 0
+    produced = emitted = completion = cached = 0
     sofar = ""  # the whole text, kept only for end_at
     finish = "length"
     it = iter(events)
@@ -123,6 +124,7 @@ def text_deltas(
 
     try:
         for ev in it:
+            cached = int(ev.timings.get("cached_tokens", cached))
             if ev.token_id is not None:
                 completion += 1
                 if logprobs:
@@ -141,9 +143,8 @@ def text_deltas(
                 # Tokens whose text starts before the stop string belong to the reply; the rest do not.
                 cut = emitted + len(out)
                 entries = tuple(e for start, _end, e in pending if start < cut)
-                yield Delta(
-                    out, entries, "stop", Usage(prompt_tokens, completion), stop_sequence=matcher.matched
-                )
+                usage = Usage(prompt_tokens, completion, cached)
+                yield Delta(out, entries, "stop", usage, stop_sequence=matcher.matched)
                 return
             if ev.token_id is None:
                 break
@@ -154,7 +155,7 @@ def text_deltas(
         else:
             out = ""  # the source ended without a final event
         rest = out + matcher.flush()
-        yield Delta(rest, tuple(e for _s, _e, e in pending), finish, Usage(prompt_tokens, completion))
+        yield Delta(rest, tuple(e for _s, _e, e in pending), finish, Usage(prompt_tokens, completion, cached))
     finally:
         close = getattr(it, "close", None)
         if close is not None:

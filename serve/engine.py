@@ -1,12 +1,13 @@
 """What the server needs from a model: a small interface, so tests can serve a fake one.
 
-An Engine's methods are blocking (TVM calls, tokenizer work); the server calls `generate` only
-from that model's own worker thread and the tokenizing methods from a thread pool, never on the
-event loop.
+An Engine's methods are blocking (TVM calls, tokenizer work); the server calls `generate` from
+the model's worker threads (up to --max-concurrent at once) and the tokenizing methods from a
+thread pool, never on the event loop.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -52,10 +53,16 @@ class Engine(Protocol):
         logprobs: int | None,
         constraint: Constraint | None = None,
         capture: bool = False,
+        cancel: threading.Event | None = None,
     ) -> Iterator[StepEvent]:
-        """Token events as runtime.model.Model.generate yields them (the final one has finish_reason);
-        `logprobs` None: no log-probabilities, k: each token's and its k top alternatives;
-        `constraint` masks every step; `capture` records masked steps' choices."""
+        """Token events as runtime.model.Model.generate yields them (the final one has finish_reason
+        and timings, cached_tokens among them); `logprobs` None: no log-probabilities, k: each
+        token's and its k top alternatives; `constraint` masks every step; `capture` records masked
+        steps' choices; `cancel` set stops the run at its next step (runtime.scheduler.Cancelled)."""
+        ...
+
+    def stats(self) -> dict[str, int]:
+        """The KV cache's state for /health (sessions, pages); {} where there is none."""
         ...
 
     def close(self) -> None:

@@ -260,6 +260,9 @@ class MessageEvents(NamedEvents):
             if d.stop_sequence is not None:
                 reason = "stop_sequence"
             usage = {"output_tokens": d.usage.completion_tokens if d.usage else 0}
+            if d.usage is not None:  # cumulative, as Anthropic's are: input_tokens counts the uncached ones
+                cached = d.usage.cached_tokens
+                usage |= {"input_tokens": d.usage.prompt_tokens - cached, "cache_read_input_tokens": cached}
             delta = {"stop_reason": reason, "stop_sequence": d.stop_sequence}
             out += [{"type": "message_delta", "delta": delta, "usage": usage}, {"type": "message_stop"}]
         return out

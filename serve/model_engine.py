@@ -1,7 +1,9 @@
-"""The Engine over a real bundle: runtime.model.Model behind the server's interface."""
+"""The Engine over a real bundle: runtime.model.Model behind the server's interface, its
+generations run by the model's scheduler (many at once, prefixes reused, runtime/scheduler.py)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -9,24 +11,31 @@ from typing import Any
 from goinfer.runtime.grammar import Constraint, GrammarTokenizer
 from goinfer.runtime.model import Model
 from goinfer.runtime.sampler import SamplingParams
+from goinfer.runtime.scheduler import Scheduler, SchedulerConfig
 from goinfer.runtime.stream import StepEvent
 
 from .engine import ModelInfo
 
 
 class ModelEngine:
-    def __init__(self, model: Model, path: str | Path):
+    def __init__(self, model: Model, path: str | Path, config: SchedulerConfig | None = None):
+        config = config or SchedulerConfig()
+        if config.context:
+            model.context_length = min(model.context_length, config.context)
         self.model: Model | None = model
+        self.scheduler: Scheduler | None = Scheduler(model, config)
+        s = self.scheduler
         m = model.manifest
         quant, target = m.quant, m.build.target
         where = f"{target}/{model.tier}" if model.tier else target
+        batched = f"batched up to {config.max_concurrent} sequences" if s.batch else "one sequence a forward"
         self.info = ModelInfo(
             path=str(path),
             quant=quant,
             target=where,
             context_window=model.context_length,
-            decode_path=f"{where} {quant} decode (one token per step)",
-            prefill_path=f"{where} {quant} prefill (chunks of {m.kv_cache.prefill_chunk} tokens)",
+            decode_path=f"{where} {quant} decode ({batched})",
+            prefill_path=f"{where} {quant} prefill (chunks of {s.chunk} tokens)",
             family=m.family,
             vocab_size=m.model.vocab_size,
             chat_template=model.chat_template,
@@ -35,8 +44,10 @@ class ModelEngine:
         self.grammar: GrammarTokenizer | None = model.grammar.start()
 
     @classmethod
-    def load(cls, path: str | Path, self_test: bool | None = None) -> ModelEngine:
-        return cls(Model.load(path, self_test=self_test), path)
+    def load(
+        cls, path: str | Path, self_test: bool | None = None, config: SchedulerConfig | None = None
+    ) -> ModelEngine:
+        return cls(Model.load(path, self_test=self_test), path, config)
 
     def _model(self) -> Model:
         if self.model is None:
@@ -59,10 +70,29 @@ class ModelEngine:
         logprobs: int | None,
         constraint: Constraint | None = None,
         capture: bool = False,
+        cancel: threading.Event | None = None,
     ) -> Iterator[StepEvent]:
-        return self._model().generate(prompt_ids, params, logprobs, constraint, capture)
+        if self.scheduler is None:
+            raise RuntimeError("model was unloaded")
+        return self.scheduler.generate(prompt_ids, params, logprobs, constraint, capture, cancel)
+
+    def stats(self) -> dict[str, int]:
+        return self.scheduler.stats() if self.scheduler is not None else {}
+
+    def memory_line(self) -> str:
+        """For the banner: what the KV cache holds and costs."""
+        s, m = self.scheduler, self._model()
+        assert s is not None
+        mib = s.capacity * m.kv_bytes_per_token / (1 << 20)
+        return (
+            f"KV cache {s.capacity} tokens x {m.kv_bytes_per_token // 1024} KiB "
+            f"({m.manifest.kv_cache.dtype}) = {mib:.0f} MiB; {s.config.kv_sessions} warm sessions kept"
+        )
 
     def close(self) -> None:
         # The last reference to the weights, kernels and KV cache goes; the mapping is freed with it.
+        if self.scheduler is not None:
+            self.scheduler.stop()
+        self.scheduler = None
         self.model = None
         self.grammar = None

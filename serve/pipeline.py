@@ -11,6 +11,7 @@ confidence) is built here in serve/, on the model's worker thread.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
@@ -59,7 +60,7 @@ class Plan:
     rules: Rules = field(default_factory=Rules)
     constraint: Constraint | None = None  # stateful: one plan, one run
 
-    def deltas(self, engine: Engine) -> Iterator[Delta]:
+    def deltas(self, engine: Engine, cancel: threading.Event | None = None) -> Iterator[Delta]:
         """The one generation path: the engine's token events folded into client deltas."""
         confidence = self.rules.confidence
         events: Iterator[StepEvent] = engine.generate(
@@ -68,6 +69,7 @@ class Plan:
             self.top_logprobs if self.logprobs else None,
             constraint=self.constraint,
             capture=confidence is not None,
+            cancel=cancel,
         )
         steps: list[StepEvent] = []
         if confidence is not None:

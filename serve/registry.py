@@ -1,9 +1,9 @@
-"""The served models: each in a slot with its own worker thread and a bounded queue.
+"""The served models: each in a slot with its worker threads and a bounded queue.
 
-One model generates one request at a time (its KV cache is single-sequence), so each slot owns a
-one-thread executor: requests for one model queue there, and distinct models run in parallel.
-Admission is counted on the event loop; a request holds its place until its worker job ends, so a
-cancelled request that is still prefilling keeps counting against the queue.
+A slot runs up to `max_concurrent` generations at once, each on a worker thread of its own (the
+model's scheduler batches their steps, runtime/scheduler.py); more wait in the executor's queue,
+first come first served, up to `max_queue`, and beyond that a request is refused with 429.
+Admission is counted on the event loop; a request holds its place until its worker job ends.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
+
+from goinfer.runtime.scheduler import Cancelled, KVCacheFull
 
 from .deltas import Delta
 from .engine import Engine
@@ -39,13 +41,13 @@ class Generation:
         with suppress(RuntimeError):  # the loop has closed (server shutdown): nobody is listening
             self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
 
-    def work(self, make: Callable[[], Iterator[Delta]]) -> None:
-        """Runs on the worker thread."""
+    def work(self, make: Callable[[threading.Event], Iterator[Delta]]) -> None:
+        """Runs on the worker thread; `make(cancelled)` starts the generation."""
         if self.cancelled.is_set():  # the client left while this waited in the queue
             self._post(_END)
             return
         try:
-            deltas = make()
+            deltas = make(self.cancelled)
             try:
                 for d in deltas:
                     if self.cancelled.is_set():
@@ -55,6 +57,10 @@ class Generation:
                 close = getattr(deltas, "close", None)
                 if close is not None:
                     close()
+        except Cancelled:
+            pass  # the client left mid-prompt: nobody is listening
+        except KVCacheFull as e:
+            self._post(APIError(503, str(e), code="kv_cache_full", headers={"Retry-After": "1"}))
         except Exception as e:
             log.exception("generation failed")
             self._post(e)
@@ -79,23 +85,26 @@ class Generation:
 
 
 class ModelSlot:
-    def __init__(self, name: str, engine: Engine, max_queue: int):
+    def __init__(self, name: str, engine: Engine, max_queue: int, max_concurrent: int = 1):
         self.name, self.engine, self.max_queue = name, engine, max_queue
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"goinfer-{name}")
+        self.max_concurrent = max(1, max_concurrent)
+        self.executor = ThreadPoolExecutor(
+            max_workers=self.max_concurrent, thread_name_prefix=f"goinfer-{name}"
+        )
         self.admitted = 0  # running + waiting
         self.runs: set[Generation] = set()
         self.idle = asyncio.Event()
         self.idle.set()
 
     def submit(
-        self, make: Callable[[], Iterator[Delta]], poll_s: float, retry_after_s: int = 1
+        self, make: Callable[[threading.Event], Iterator[Delta]], poll_s: float, retry_after_s: int = 1
     ) -> Generation:
-        """Queue a run, or refuse with 429 when one runs and `max_queue` already wait."""
-        if self.admitted >= self.max_queue + 1:
+        """Queue a run, or refuse with 429 when `max_concurrent` run and `max_queue` already wait."""
+        if self.admitted >= self.max_queue + self.max_concurrent:
             raise APIError(
                 429,
                 f"model {self.name!r} is busy: {self.admitted} requests running or queued "
-                f"(--max-queue {self.max_queue}); retry later",
+                f"(--max-concurrent {self.max_concurrent}, --max-queue {self.max_queue}); retry later",
                 code="queue_full",
                 headers={"Retry-After": str(retry_after_s)},
             )
@@ -127,13 +136,13 @@ class ModelSlot:
 class Registry:
     """Name -> slot. A name being loaded by an admin request answers 503 until it is ready."""
 
-    def __init__(self, max_queue: int):
-        self.max_queue = max_queue
+    def __init__(self, max_queue: int, max_concurrent: int = 1):
+        self.max_queue, self.max_concurrent = max_queue, max_concurrent
         self.slots: dict[str, ModelSlot] = {}
         self.loading: set[str] = set()
 
     def add(self, name: str, engine: Engine) -> ModelSlot:
-        slot = ModelSlot(name, engine, self.max_queue)
+        slot = ModelSlot(name, engine, self.max_queue, self.max_concurrent)
         self.slots[name] = slot
         return slot
 

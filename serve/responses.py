@@ -330,7 +330,10 @@ class ResponseEvents(NamedEvents):
         used = d.usage.completion_tokens if d.usage else 0
         usage = {
             "input_tokens": self.input_tokens,
-            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+            "input_tokens_details": {
+                "cached_tokens": d.usage.cached_tokens if d.usage else 0,
+                "cache_write_tokens": 0,
+            },
             "output_tokens": used,
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": self.input_tokens + used,

@@ -173,5 +173,5 @@ def model_entry(slot: ModelSlot, created: int) -> dict[str, Any]:
 @routes.get("/health")
 async def health(request: web.Request) -> web.Response:
     reg = request.config_dict[REGISTRY]
-    models = {name: {"running_or_queued": s.admitted} for name, s in reg.slots.items()}
+    models = {name: {"running_or_queued": s.admitted, **s.engine.stats()} for name, s in reg.slots.items()}
     return web.json_response({"status": "ok", "models": models, "loading": sorted(reg.loading)})

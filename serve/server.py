@@ -43,9 +43,15 @@ def banner(config: ServeConfig, caps: BodyCaps, engines: Mapping[str, Engine]) -
         i = engine.info
         where = f"quant {i.quant}, target {i.target}, context window {i.context_window}"
         lines.append(f"  model {name}: {i.path} ({where})")
+        memory = getattr(engine, "memory_line", None)  # real models; the tests' fakes have no cache
+        if memory is not None:
+            lines.append(f"    {memory()}")
     lines.append(f"  body caps: {caps.describe()}")
     admin = f"on (unload drain wait {config.unload_drain_wait_s:g}s)" if config.allow_admin else "off"
-    lines.append(f"  queue: {config.max_queue} waiting per model; admin routes {admin}")
+    lines.append(
+        f"  concurrency: {config.max_concurrent} generations per model at once, {config.max_queue} waiting; "
+        f"admin routes {admin}"
+    )
     lines += [f"WARNING: {w}" for w in warnings(config)]
     return lines
 

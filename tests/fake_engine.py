@@ -41,6 +41,7 @@ class _Base:
         )
         self.messages: list[dict[str, Any]] | None = None
         self.params: list[SamplingParams] = []
+        self.prompts: list[list[int]] = []  # in the order generations started
         self.started = threading.Event()  # a generation reached the engine
         self.finished = threading.Event()  # a generation's iterator was closed or ran out
         self.yielded = 0
@@ -54,6 +55,9 @@ class _Base:
 
     def text_ids(self, text: str) -> list[int]:
         return [ord(c) % self.info.vocab_size for c in text]  # one token per character
+
+    def stats(self) -> dict[str, int]:
+        return {}
 
     def close(self) -> None:
         self.closed = True
@@ -87,9 +91,11 @@ class ScriptedEngine(_Base):
         logprobs: int | None,
         constraint: Any = None,
         capture: bool = False,
+        cancel: threading.Event | None = None,
     ) -> Iterator[StepEvent]:
         assert constraint is None, "ScriptedEngine has no grammar: the server must not constrain it"
         self.params.append(params)
+        self.prompts.append(list(prompt_ids))
         self.started.set()
         try:
             if self.gate is not None:
@@ -134,6 +140,7 @@ class SampledEngine(_Base):
         logprobs: int | None,
         constraint: Any = None,
         capture: bool = False,
+        cancel: threading.Event | None = None,
     ) -> Iterator[StepEvent]:
         assert constraint is None
         sampler = Sampler(params)
@@ -214,6 +221,7 @@ class GrammarEngine(_Base):
         logprobs: int | None,
         constraint: Any = None,
         capture: bool = False,
+        cancel: threading.Event | None = None,
     ) -> Iterator[StepEvent]:
         from goinfer.runtime.decode import sample_tokens
         from goinfer.runtime.detokenizer import Detokenizer

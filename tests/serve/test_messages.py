@@ -53,7 +53,7 @@ async def test_create_has_the_message_shape(aiohttp_client):
     assert m["content"] == [{"type": "text", "text": "Hello world!"}]
     assert m["stop_reason"] == "end_turn" and m["stop_sequence"] is None and m["model"] == "fake"
     prompt = render([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}])
-    assert m["usage"] == {"input_tokens": len(prompt), "output_tokens": 5}
+    assert m["usage"] == {"input_tokens": len(prompt), "output_tokens": 5, "cache_read_input_tokens": 0}
 
 
 async def test_stream_event_order_and_fold(aiohttp_client):
@@ -65,7 +65,8 @@ async def test_stream_event_order_and_fold(aiohttp_client):
     assert kinds[-3:] == ["content_block_stop", "message_delta", "message_stop"]
     assert evs[0][1]["message"]["usage"]["input_tokens"] == len(render(HI))
     delta = {"stop_reason": "end_turn", "stop_sequence": None}
-    assert evs[-2][1] == {"type": "message_delta", "delta": delta, "usage": {"output_tokens": 5}}
+    usage = {"output_tokens": 5, "input_tokens": len(render(HI)), "cache_read_input_tokens": 0}
+    assert evs[-2][1] == {"type": "message_delta", "delta": delta, "usage": usage}
     folded = fold_message(d for _, d in evs)
     whole = await message(await client.post("/v1/messages", json=body()))
     assert folded["content"] == whole["content"] and folded["usage"] == whole["usage"]

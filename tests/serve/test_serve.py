@@ -236,6 +236,7 @@ async def test_chat_reply_shape_and_exact_usage(aiohttp_client):
         "prompt_tokens": prompt_tokens,
         "completion_tokens": len(PIECES),
         "total_tokens": prompt_tokens + len(PIECES),
+        "prompt_tokens_details": {"cached_tokens": 0},
     }
 
 
@@ -314,11 +315,17 @@ async def test_include_usage_adds_a_last_usage_chunk(aiohttp_client):
     assert all(c["usage"] is None for c in chunks[:-1])
     assert chunks[-1]["choices"] == []
     n = len(render(HELLO))
-    assert chunks[-1]["usage"] == {"prompt_tokens": n, "completion_tokens": 5, "total_tokens": n + 5}
+    cached = {"prompt_tokens_details": {"cached_tokens": 0}}
+    assert chunks[-1]["usage"] == {
+        "prompt_tokens": n,
+        "completion_tokens": 5,
+        "total_tokens": n + 5,
+        **cached,
+    }
     chunks = await stream_chunks(
         await client.post("/v1/completions", json={"model": "fake", "prompt": "ab", **opts})
     )
-    assert chunks[-1]["usage"] == {"prompt_tokens": 2, "completion_tokens": 5, "total_tokens": 7}
+    assert chunks[-1]["usage"] == {"prompt_tokens": 2, "completion_tokens": 5, "total_tokens": 7, **cached}
 
 
 @pytest.mark.parametrize("stop", [None, "o wo"])
@@ -432,7 +439,9 @@ async def _until(predicate, timeout: float = 10.0) -> None:
 async def test_a_full_queue_is_429_and_the_rest_succeed(aiohttp_client):
     gate = threading.Event()
     engine = ScriptedEngine(gate=gate)
-    client = await client_for(aiohttp_client, {"fake": engine}, max_queue=2, retry_after_s=3)
+    client = await client_for(
+        aiohttp_client, {"fake": engine}, max_queue=2, max_concurrent=1, retry_after_s=3
+    )
     tasks = [asyncio.create_task(client.post("/v1/chat/completions", json=chat())) for _ in range(6)]
     await _until(lambda: sum(t.done() for t in tasks) == 3)  # 1 running + 2 queued; 3 refused at once
     refused = [t.result() for t in tasks if t.done()]
@@ -446,6 +455,27 @@ async def test_a_full_queue_is_429_and_the_rest_succeed(aiohttp_client):
     for resp in admitted:
         assert resp.status == 200
         assert (await checked_reply(resp))["choices"][0]["message"]["content"] == "Hello world!"
+
+
+async def test_max_concurrent_generations_run_at_once_and_the_rest_queue_in_order(aiohttp_client):
+    gate = threading.Event()
+    engine = ScriptedEngine(gate=gate)
+    client = await client_for(aiohttp_client, {"fake": engine}, max_queue=1, max_concurrent=2)
+    tasks = []
+    for i in range(4):
+        body = chat(messages=[{"role": "user", "content": f"q{i}"}])
+        tasks.append(asyncio.create_task(client.post("/v1/chat/completions", json=body)))
+        await asyncio.sleep(0.05)  # arrival order
+    await _until(lambda: sum(t.done() for t in tasks) == 1)  # 2 running + 1 queued; the 4th refused
+    assert tasks[3].done() and tasks[3].result().status == 429
+    await _until(lambda: len(engine.params) == 2)
+    assert not tasks[2].done() and len(engine.params) == 2  # the third waits for a free slot
+    gate.set()
+    for t in tasks[:3]:
+        assert (await t).status == 200
+    started = ["".join(map(chr, ids)) for ids in engine.prompts]
+    assert {p[-len("q0<assistant>") :][:2] for p in started[:2]} == {"q0", "q1"}
+    assert "q2" in started[2]  # first come, first served
 
 
 async def test_distinct_models_run_in_parallel(aiohttp_client):

@@ -66,7 +66,8 @@ def test_banner_names_each_model_and_the_caps(served, tiny_bundle) -> None:
     assert f"model tiny: {tiny_bundle('qwen2', 'f32')} (quant f32, target llvm" in out
     assert "context window 256" in out
     assert "body caps: chat/completions and completions 2 KiB, other routes 2 KiB" in out
-    assert "queue: 3 waiting per model; admin routes off" in out
+    assert "concurrency: 4 generations per model at once, 3 waiting; admin routes off" in out
+    assert "KV cache 256 tokens x " in out and "16 warm sessions kept" in out
     assert "WARNING: no API key" in out
     assert config.max_queue == 3 and config.api_key is None
 

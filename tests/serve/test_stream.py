@@ -90,14 +90,20 @@ def test_a_stop_closes_the_source_generator() -> None:
 
 
 def test_serve_reaches_the_runtime_only_through_its_public_surface() -> None:
-    """Token events (runtime.stream), sampling and grammar primitives; the bundle's Model only in
-    the engine adapter. The reply (stop strings, tool calls, confidence) is built in serve/."""
+    """Token events (runtime.stream), sampling and grammar primitives, the scheduler's errors; the
+    bundle's Model only in the engine adapter. The reply (stop strings, tool calls, confidence)
+    is built in serve/."""
     import ast
     from pathlib import Path
 
     import goinfer.serve
 
-    surface = {"goinfer.runtime.stream", "goinfer.runtime.sampler", "goinfer.runtime.grammar"}
+    surface = {
+        "goinfer.runtime.stream",
+        "goinfer.runtime.sampler",
+        "goinfer.runtime.grammar",
+        "goinfer.runtime.scheduler",
+    }
     used: dict[str, set[str]] = {}
     for path in Path(goinfer.serve.__file__).parent.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):

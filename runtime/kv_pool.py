@@ -1,0 +1,114 @@
+"""Many sequences in one paged KV cache: who holds which tokens, prefix reuse, and pages.
+
+Every sequence the cache holds is a `Seq` with the exact token ids its KV was computed from. A
+running request owns its sequence; a finished one leaves it warm, generated tokens included, so
+the next turn of a chat (or the next step of an agent loop with a fixed system prompt) finds its
+history already computed.
+
+A new prompt takes the warm sequence sharing its longest prefix:
+- when the whole warm history is a prefix of the prompt, the request takes that sequence over and
+  extends it;
+- when they diverge part way, the request forks a new sequence from it at the divergence (TVM
+  shares the full pages and copies the partial one), and the warm one stays for whoever continues
+  it. On a model with sliding-window layers it takes the sequence over and pops the divergent tail
+  instead (`can_fork` False): TVM attends a forked sequence block by block, and its windowed
+  kernels then see each block's keys, not the window's.
+The last prompt token is always recomputed: its logits start the reply.
+
+Warm sequences beyond `warm_limit`, and any needed to free pages, are dropped least recently used
+first. All of this runs on the scheduler's thread only: the cache is not thread-safe.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import tvm_runtime as rt
+
+
+@dataclass(eq=False)
+class Seq:
+    id: int
+    tokens: list[int] = field(default_factory=list)  # what the cache holds for it, in order
+    busy: bool = False  # a running request owns it
+    last_used: float = 0.0
+
+
+def common_prefix(a: list[int], b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(np.asarray(a[:n], np.int64) != b[:n])
+    return int(diff[0]) if diff.size else n
+
+
+class KVPool:
+    def __init__(self, kv, page_size: int, warm_limit: int, can_fork: bool):
+        self.kv, self.page_size = kv, page_size
+        self.warm_limit, self.can_fork = warm_limit, can_fork
+        self.seqs: dict[int, Seq] = {}
+        self._ids = itertools.count(1)
+
+    # -- reuse -------------------------------------------------------------------------------
+    def acquire(self, prompt: list[int]) -> tuple[Seq, int]:
+        """A sequence for `prompt`, owned by the caller, holding its first `reused` tokens."""
+        want = np.asarray(prompt, np.int64)
+        # Only warm sequences: a running one's KV is still growing, and a fork from it would
+        # change how its own attention is split (TVM attends per shared block and merges).
+        cands = [
+            (min(common_prefix(s.tokens, want), len(prompt) - 1), s) for s in self.seqs.values() if not s.busy
+        ]
+        best_len, best = max(cands, key=lambda c: c[0], default=(0, None))
+        if best is None or best_len <= 0:
+            return self._new([]), 0
+        if best_len == len(best.tokens) or not self.can_fork:
+            rt.pop_tokens(self.kv, best.id, len(best.tokens) - best_len)
+            del best.tokens[best_len:]
+            best.busy = True
+            return best, best_len
+        child = Seq(next(self._ids), best.tokens[:best_len], busy=True)
+        rt.fork_sequence(self.kv, best.id, child.id, best_len)
+        self.seqs[child.id] = child
+        return child, best_len
+
+    def _new(self, tokens: list[int]) -> Seq:
+        seq = Seq(next(self._ids), tokens, busy=True)
+        rt.add_sequence(self.kv, seq.id)
+        self.seqs[seq.id] = seq
+        return seq
+
+    def release(self, seq: Seq) -> None:
+        """The owner is done: the sequence stays warm, unless reuse is off or it is over the limit."""
+        seq.busy, seq.last_used = False, time.monotonic()
+        warm = sorted((s for s in self.seqs.values() if not s.busy), key=lambda s: s.last_used)
+        for s in warm[: max(0, len(warm) - self.warm_limit)]:
+            self.drop(s)
+
+    def drop(self, seq: Seq) -> None:
+        rt.remove_sequence(self.kv, seq.id)
+        del self.seqs[seq.id]
+
+    # -- pages -------------------------------------------------------------------------------
+    def free_pages(self) -> int:
+        return rt.available_pages(self.kv)
+
+    def pages_for(self, seq: Seq, n: int) -> int:
+        """Pages appending `n` tokens to `seq` may take: its partial last page fills first (a
+        forked sequence's partial page is already its own copy)."""
+        room = -len(seq.tokens) % self.page_size
+        return max(0, -(-(n - room) // self.page_size))
+
+    def make_room(self, pages: int) -> bool:
+        """Drop warm sequences, least recently used first, until `pages` are free."""
+        warm = sorted((s for s in self.seqs.values() if not s.busy), key=lambda s: s.last_used)
+        while self.free_pages() < pages and warm:
+            self.drop(warm.pop(0))
+        return self.free_pages() >= pages
+
+    @property
+    def warm(self) -> int:
+        return sum(not s.busy for s in self.seqs.values())

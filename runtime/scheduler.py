@@ -1,0 +1,371 @@
+"""Many generations on one model at once: continuous batching over one paged KV cache.
+
+Each running generation is a thread of its own (sampling, grammar masks, detokenizing: the
+`generate_events` loop every path shares), and the scheduler's thread is the only one that
+touches the model and its cache. A generation asks for forwards and blocks until its logits
+come back:
+
+    Session.prefill()       the prompt, minus the longest prefix a warm sequence already holds
+    Session.decode(token)   one token
+
+Each scheduler step runs
+1. every decode token submitted since the last step, as one `batch_decode` forward that reads
+   each weight once for all of them (one alone takes the static single-token `decode`); it waits
+   up to GATHER_S for the running generations that have not submitted yet;
+2. then one chunk (at most `prefill_chunk` tokens) of the oldest waiting prompt, so a long prompt
+   that arrives mid-decode holds the others up one chunk at a time, never for its whole length.
+Prompt chunks are never packed into a decode forward: the prefill attention kernels would then
+serve the decode tokens too, and a conversation's output would depend on what ran beside it.
+Batched rows equal single rows bit for bit (each kernel computes a row the same way whatever
+the batch), so at temperature 0 a conversation's reply is the one it gets alone.
+
+Pages. Before each forward the scheduler makes room: warm sequences go first, least recently
+used. A prompt that still cannot get pages waits while others run, and fails (KVCacheFull) when
+nothing else could free them. A decode step short of pages preempts the youngest generations:
+their KV is dropped and recomputed from their tokens once pages free up, invisibly to them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .decode import generate_events
+from .detokenizer import Detokenizer
+from .grammar import Constraint
+from .kv_pool import KVPool, Seq
+from .sampler import SamplingParams
+from .stream import StepEvent
+
+log = logging.getLogger("goinfer.runtime")
+
+GATHER_S = 0.003  # how long a decode step waits for running generations still sampling
+CANCEL_POLL_S = 0.1  # how often an idle or blocked scheduler looks for prompts whose client left
+
+
+class Cancelled(Exception):
+    """The request's client left; its generation stops at the next step."""
+
+
+class KVCacheFull(Exception):
+    """No pages for this prompt, and none will free up (nothing else is running)."""
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_concurrent: int = 4  # generations that run at once (more wait, first come first served)
+    kv_sessions: int = 16  # warm sequences kept for prefix reuse (0: none, no reuse)
+    prefill_chunk: int = 512  # prompt tokens a step; capped by the bundle's own chunk
+    batch: str = "auto"  # "on" | "off" | "auto": batch concurrent decode steps into one forward
+    kv_tokens: int = 0  # the cache's capacity in tokens, all sequences together (0: the window)
+    context: int = 0  # caps the model's context window (0: the bundle's)
+    session_dir: str | None = None  # warm sessions persisted here and restored at start
+
+
+class _Job:
+    """A forward a generation waits on: its result (logits) or its error."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.result: np.ndarray | None = None
+        self.error: BaseException | None = None
+
+    def finish(self, result: np.ndarray | None = None, error: BaseException | None = None) -> None:
+        self.result, self.error = result, error
+        self.done.set()
+
+    def wait(self) -> np.ndarray:
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+        assert self.result is not None
+        return self.result
+
+
+@dataclass(eq=False)
+class Session:
+    """One generation's hold on the cache: its sequence, and what it has asked for."""
+
+    scheduler: Scheduler
+    prompt: list[int]
+    cancel: threading.Event
+    seq: Seq | None = None
+    cached: int = 0  # prompt tokens the cache already held
+    fed: int = 0  # prompt tokens fed so far (cached ones included)
+    admitted: float = field(default_factory=time.monotonic)
+    job: _Job | None = None
+    pending: list[int] = field(default_factory=list)  # tokens to (re)feed: the prompt, or a preempted history
+
+    def prefill(self) -> tuple[np.ndarray, int]:
+        job = self.scheduler._submit_prefill(self)
+        return job.wait(), self.cached
+
+    def decode(self, token: int) -> np.ndarray:
+        if self.cancel.is_set():
+            raise Cancelled()
+        return self.scheduler._submit_decode(self, token).wait()
+
+    def close(self) -> None:
+        self.scheduler._submit_release(self)
+
+
+class Scheduler:
+    def __init__(self, model, config: SchedulerConfig = SchedulerConfig()):
+        self.model, self.config = model, config
+        self.chunk = max(1, min(config.prefill_chunk, model.prefill_chunk))
+        self.capacity = config.kv_tokens or model.context_length
+        self.batch = config.batch != "off"
+        kv = model.create_cache(max(1, config.max_concurrent), self.capacity)
+        can_fork = not any(model.spec.sliding_layers)
+        self.pool = KVPool(kv, model.manifest.kv_cache.page_size, config.kv_sessions, can_fork)
+        self._cond = threading.Condition()
+        self._prefills: deque[Session] = deque()
+        self._decodes: list[tuple[Session, int]] = []
+        self._releases: list[Session] = []
+        self._barriers: list[_Job] = []
+        self._decoding: set[Session] = set()  # sessions past their prompt: each will submit a token or close
+        self._stopped = False
+        self._blocked = False  # the head prompt waits for pages: only a release can free them
+        self.steps = 0
+        self._thread = threading.Thread(target=self._loop, name="goinfer-scheduler", daemon=True)
+        self._thread.start()
+
+    # -- the generation side (any thread) --------------------------------------------------
+    def generate(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        logprobs: int | None = None,
+        constraint: Constraint | None = None,
+        capture: bool = False,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[StepEvent]:
+        """As `Model.generate`, on a sequence of the shared cache; `cancel` set stops it at the
+        next step (mid-prompt: between chunks) and frees its sequence."""
+        m = self.model
+        if not prompt_ids:
+            raise ValueError("empty prompt")
+        if len(prompt_ids) >= m.context_length:
+            raise ValueError(f"prompt has {len(prompt_ids)} tokens; the context window is {m.context_length}")
+        session = Session(self, list(prompt_ids), cancel or threading.Event())
+        budget = min(params.max_tokens, m.context_length - len(prompt_ids))
+        try:
+            yield from generate_events(
+                Detokenizer(m.tokenizer, prompt_ids),
+                prompt_ids,
+                session.prefill,
+                session.decode,
+                budget,
+                params,
+                m.stop_ids,
+                logprobs,
+                constraint,
+                capture,
+            )
+        finally:
+            session.close()
+
+    def _submit_prefill(self, s: Session) -> _Job:
+        with self._cond:
+            s.job, s.pending = _Job(), s.prompt
+            self._prefills.append(s)
+            self._cond.notify()
+            return s.job
+
+    def _submit_decode(self, s: Session, token: int) -> _Job:
+        with self._cond:
+            s.job = _Job()
+            self._decodes.append((s, token))
+            self._cond.notify()
+            return s.job
+
+    def _submit_release(self, s: Session) -> None:
+        with self._cond:
+            self._releases.append(s)
+            self._cond.notify()
+
+    def sync(self) -> None:
+        """Return once every release posted so far is done (tests, saving sessions)."""
+        with self._cond:
+            job = _Job()
+            self._barriers.append(job)
+            self._cond.notify()
+        job.done.wait()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+        self._thread.join(timeout=10)
+
+    def stats(self) -> dict[str, int]:
+        """For /health: sequences kept warm, pages in use and free."""
+        pool = self.pool
+        total = -(-self.capacity // pool.page_size) + 1
+        free = pool.free_pages()
+        return {
+            "sessions_warm": pool.warm,
+            "sessions_running": len(pool.seqs) - pool.warm,
+            "pages_used": total - free,
+            "pages_free": free,
+            "page_size": pool.page_size,
+        }
+
+    # -- the scheduler's thread ------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not (
+                    self._stopped
+                    or self._releases
+                    or self._barriers
+                    or self._decodes
+                    or self._ready_prefill()
+                ):
+                    self._cond.wait(CANCEL_POLL_S)
+                    self._drop_cancelled()
+                if self._stopped:
+                    return
+                self._gather()
+                releases, self._releases = self._releases, []
+                barriers, self._barriers = self._barriers, []
+                self._blocked = self._blocked and not releases
+                decodes, self._decodes = self._decodes, []
+                waiting = self._prefills[0] if self._ready_prefill() else None
+            try:
+                for s in releases:
+                    self._release(s)
+                for b in barriers:
+                    b.finish(np.zeros(0))
+                if decodes:
+                    self._decode_step(decodes)
+                if waiting is not None:
+                    self._prefill_step(waiting)
+                self.steps += 1
+            except Exception:  # a bug here must not hang every waiting generation
+                log.exception("scheduler step failed")
+                self._fail_all(RuntimeError("the scheduler failed; see the server log"))
+
+    def _drop_cancelled(self) -> None:
+        """(lock held) Prompts whose client left while they waited end now, not when their turn comes."""
+        for s in [s for s in self._prefills if s.cancel.is_set()]:
+            self._prefills.remove(s)
+            s.job.finish(error=Cancelled())
+
+    def _ready_prefill(self) -> bool:
+        return bool(self._prefills) and not self._blocked
+
+    def _gather(self) -> None:
+        """Wait (lock held) up to GATHER_S for running generations still sampling their token."""
+        if not self._decodes or not self.batch:
+            return
+        deadline = time.monotonic() + GATHER_S
+        while len(self._decodes) < len(self._decoding) and not self._releases:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._cond.wait(left)
+
+    def _release(self, s: Session) -> None:
+        self._decoding.discard(s)
+        with self._cond:
+            if s in self._prefills:
+                self._prefills.remove(s)
+        if s.seq is not None and s.seq.id in self.pool.seqs:
+            self.pool.release(s.seq)
+        s.seq = None
+
+    def _room(self, needs: list[tuple[Seq, int]]) -> bool:
+        pages = sum(self.pool.pages_for(seq, n) for seq, n in needs) + 1
+        return self.pool.make_room(pages)
+
+    def _decode_step(self, decodes: list[tuple[Session, int]]) -> None:
+        live = []
+        for s, token in decodes:
+            if s.cancel.is_set():
+                s.job.finish(error=Cancelled())
+            else:
+                live.append((s, token))
+        # Short of pages: preempt the youngest until the rest fit.
+        live.sort(key=lambda st: st[0].admitted)
+        while live and not self._room([(s.seq, 1) for s, _ in live]):
+            s, token = live.pop()
+            self._preempt(s, token)
+        # a forward's tokens, decode ones too, fit the cache's prefill chunk
+        size = max(1, min(self.config.max_concurrent, self.model.prefill_chunk)) if self.batch else 1
+        for i in range(0, len(live), size):
+            self._run_decode(live[i : i + size])
+
+    def _run_decode(self, batch: list[tuple[Session, int]]) -> None:
+        seqs = [s.seq for s, _ in batch]
+        try:
+            rows = self.model.run(self.pool.kv, [q.id for q in seqs], [[t] for _, t in batch])
+        except Exception as e:
+            for s, _ in batch:
+                s.job.finish(error=e)
+            return
+        for i, (s, token) in enumerate(batch):
+            s.seq.tokens.append(token)
+            s.job.finish(rows[i])
+
+    def _preempt(self, s: Session, token: int) -> None:
+        """Drop `s`'s KV; it is recomputed from its tokens (and `token`) as a prompt, first in line."""
+        log.info("KV cache full: preempting a generation of %d tokens", len(s.seq.tokens))
+        history = [*s.seq.tokens, token]
+        self.pool.drop(s.seq)
+        s.seq, s.pending, s.fed = None, history, 0
+        self._decoding.discard(s)
+        with self._cond:
+            self._prefills.appendleft(s)
+
+    def _prefill_step(self, s: Session) -> None:
+        if s.cancel.is_set():
+            return self._end_prefill(s, error=Cancelled())
+        if s.seq is None:  # first chunk: find the longest warm prefix
+            s.seq, reused = self.pool.acquire(s.pending)
+            s.fed = reused
+            if s.pending is s.prompt:
+                s.cached = reused
+        chunk = s.pending[s.fed : s.fed + self.chunk]
+        if not self._room([(s.seq, len(chunk))]):
+            if self._decoding or any(q is not s and q.seq is not None for q in self._prefills):
+                self._blocked = True  # others hold the pages; they free them as they finish
+                return
+            return self._end_prefill(
+                s,
+                error=KVCacheFull(
+                    f"the KV cache ({self.capacity} tokens) has no room for a {len(s.pending)}-token prompt"
+                ),
+            )
+        try:
+            logits = self.model.run(self.pool.kv, [s.seq.id], [chunk])
+        except Exception as e:
+            return self._end_prefill(s, error=e)
+        s.seq.tokens.extend(chunk)
+        s.fed += len(chunk)
+        if s.fed == len(s.pending):
+            self._decoding.add(s)
+            self._end_prefill(s, result=logits[-1])
+
+    def _end_prefill(
+        self, s: Session, result: np.ndarray | None = None, error: BaseException | None = None
+    ) -> None:
+        with self._cond:
+            if s in self._prefills:
+                self._prefills.remove(s)
+        s.job.finish(result, error)
+
+    def _fail_all(self, error: BaseException) -> None:
+        with self._cond:
+            jobs = [s.job for s in self._prefills] + [s.job for s, _ in self._decodes]
+            self._prefills.clear()
+            self._decodes.clear()
+        for job in jobs:
+            if job is not None and not job.done.is_set():
+                job.finish(error=error)

@@ -1,0 +1,186 @@
+"""The multi-sequence cache and the scheduler on tiny models: reuse, batching, pages, cancel."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from goinfer.runtime import tvm_runtime as rt
+from goinfer.runtime.model import Model
+from goinfer.runtime.sampler import SamplingParams
+from goinfer.runtime.scheduler import Cancelled, KVCacheFull, Scheduler, SchedulerConfig
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
+
+
+def _ids(vocab: int, n: int, seed: int) -> list[int]:
+    return [int(t) for t in np.random.default_rng(seed).integers(1, vocab, n)]
+
+
+@pytest.fixture(scope="module", params=["llama", "gemma3"])
+def model(request, tiny_bundle) -> Model:
+    return Model.load(tiny_bundle(request.param, "f32"), self_test=False)
+
+
+def _feed(m: Model, kv, seq: int, ids: list[int]) -> np.ndarray:
+    """Feed `ids` to `seq` in the bundle's prefill chunks; the last position's logits."""
+    for s in range(0, len(ids), m.prefill_chunk):
+        out = m.run(kv, [seq], [ids[s : s + m.prefill_chunk]])
+    return out[-1]
+
+
+def _cold(m: Model, ids: list[int]) -> np.ndarray:
+    kv = m.create_cache(1, m.context_length)
+    rt.add_sequence(kv, 0)
+    return _feed(m, kv, 0, ids)
+
+
+def test_batch_decode_rows_equal_single_rows(model: Model) -> None:
+    """Four sequences' decode steps in one forward give the rows each gives alone, bit for bit."""
+    m, vocab = model, model.spec.vocab_size
+    b = min(4, m.prefill_chunk)  # a forward's tokens, decode ones too, fit the cache's chunk
+    prompts = [_ids(vocab, n, seed) for seed, n in enumerate((5, 17, 33, 9)[:b])]
+    nxt = [7, 8, 9, 10][:b]
+    kv = m.create_cache(4, m.context_length * 4)
+    for i, p in enumerate(prompts):
+        rt.add_sequence(kv, i)
+        _feed(m, kv, i, p)
+    batched = m.run(kv, list(range(b)), [[t] for t in nxt])
+    for i, p in enumerate(prompts):
+        alone = m.create_cache(1, m.context_length)
+        rt.add_sequence(alone, 0)
+        _feed(m, alone, 0, p)
+        np.testing.assert_array_equal(batched[i], m.run(alone, [0], [[nxt[i]]])[0])
+
+
+def test_batch_prefill_gives_each_sequences_last_logits(model: Model) -> None:
+    m, vocab = model, model.spec.vocab_size
+    a, b = _ids(vocab, 1 + m.prefill_chunk // 3, 1), _ids(vocab, m.prefill_chunk // 2, 2)
+    kv = m.create_cache(2, m.context_length * 2)
+    rt.add_sequence(kv, 1)
+    rt.add_sequence(kv, 2)
+    rows = m.run(kv, [1, 2], [a, b])
+    np.testing.assert_allclose(rows[0], _cold(m, a), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(rows[1], _cold(m, b), rtol=1e-5, atol=1e-5)
+
+
+def test_a_failed_forward_leaves_the_cache_as_it_was(model: Model) -> None:
+    m = model
+    kv = m.create_cache(1, m.context_length)
+    rt.add_sequence(kv, 0)
+    m.run(kv, [0], [[1, 2, 3]])
+    free = rt.available_pages(kv)
+    with pytest.raises(Exception):  # noqa: B017 - a token id past the vocabulary: the kernel refuses
+        m.run(kv, [0], [[1] * (m.prefill_chunk + 1)])
+    assert rt.available_pages(kv) == free
+    np.testing.assert_array_equal(m.run(kv, [0], [[4]])[0], _pieces(m, [1, 2, 3], [4]))
+
+
+def _pieces(m: Model, *pieces: list[int]) -> np.ndarray:
+    """Logits after feeding `pieces` one forward each to a fresh sequence."""
+    kv = m.create_cache(1, m.context_length)
+    rt.add_sequence(kv, 0)
+    for p in pieces:
+        out = m.run(kv, [0], [p])
+    return out[-1]
+
+
+@pytest.mark.parametrize("how", ["extend", "diverge"])
+def test_reuse_equals_the_same_chunks_cold(model: Model, how: str) -> None:
+    """A warm sequence taken over, popped or forked, then fed the rest: the logits a cold cache
+    fed the same pieces gives, bit for bit (and a one-shot prefill's, to float tolerance)."""
+    m, vocab = model, model.spec.vocab_size
+    shared = _ids(vocab, 40, 3)
+    first = shared + (_ids(vocab, 10, 4) if how == "diverge" else [])
+    second = shared + _ids(vocab, 7, 5)
+    sched = Scheduler(m, SchedulerConfig(kv_sessions=4))
+    try:
+        list(sched.generate(first, SamplingParams(temperature=0.0, max_tokens=1)))
+        sched.sync()
+        session_tokens = [s.tokens for s in sched.pool.seqs.values()]
+        assert session_tokens and session_tokens[0][: len(shared)] == shared
+        events = list(sched.generate(second, SamplingParams(temperature=0.0, max_tokens=1)))
+        assert events[-1].timings["cached_tokens"] == len(shared)
+        sched.sync()
+        kv = sched.pool.kv
+        seq = max(sched.pool.seqs.values(), key=lambda s: s.last_used)
+        assert seq.tokens == second
+        # Re-feed the last token on the reused sequence: its logits are the reply's first step.
+        rt.pop_tokens(kv, seq.id, 1)
+        got = m.run(kv, [seq.id], [second[-1:]])[-1]
+        n = len(shared)
+        if how == "extend" or not sched.pool.can_fork:  # taken over: what a cold cache fed the same gives
+            cold = m.create_cache(1, m.context_length)
+            rt.add_sequence(cold, 0)
+            _feed(m, cold, 0, first)
+            rt.pop_tokens(cold, 0, len(first) - n)
+            _feed(m, cold, 0, second[n:-1])
+            np.testing.assert_array_equal(got, _feed(m, cold, 0, second[-1:]))
+        np.testing.assert_allclose(got, _cold(m, second), rtol=1e-4, atol=1e-4)
+    finally:
+        sched.stop()
+
+
+def _run_alone(m: Model, prompt: list[int], params: SamplingParams = GREEDY) -> list[int]:
+    return [e.token_id for e in m.generate(prompt, params) if e.token_id is not None]
+
+
+def test_concurrent_generations_each_get_what_they_get_alone(model: Model) -> None:
+    m, vocab = model, model.spec.vocab_size
+    prompts = [_ids(vocab, n, 10 + n) for n in (6, 30, 11, 50, 3)]
+    params = [GREEDY, SamplingParams(temperature=0.9, seed=7, max_tokens=12)] * 3
+    alone = [_run_alone(m, p, params[i]) for i, p in enumerate(prompts)]
+    sched = Scheduler(m, SchedulerConfig(max_concurrent=4, kv_sessions=0, prefill_chunk=8))
+    out: dict[int, list[int]] = {}
+
+    def run(i: int) -> None:
+        out[i] = [e.token_id for e in sched.generate(prompts[i], params[i]) if e.token_id is not None]
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        sched.sync()
+        assert [out[i] for i in range(len(prompts))] == alone
+        assert sched.pool.seqs == {}  # kv_sessions 0: nothing kept
+    finally:
+        sched.stop()
+
+
+def test_cancel_mid_prefill_frees_the_sequence(model: Model) -> None:
+    m = model
+    sched = Scheduler(m, SchedulerConfig(prefill_chunk=4, kv_sessions=0))
+    cancel = threading.Event()
+    calls = 0
+    real_run = m.run
+
+    def counting_run(*a, **k):
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            cancel.set()  # the client leaves after the second chunk
+        return real_run(*a, **k)
+
+    m.run = counting_run  # type: ignore[method-assign]
+    try:
+        with pytest.raises(Cancelled):
+            list(sched.generate(_ids(m.spec.vocab_size, 40, 1), GREEDY, cancel=cancel))
+        assert calls == 2  # the other 8 chunks never ran
+        sched.sync()
+        assert sched.pool.seqs == {}
+    finally:
+        del m.run
+        sched.stop()
+
+
+def test_a_prompt_the_cache_cannot_hold_is_refused(model: Model) -> None:
+    m = model
+    sched = Scheduler(m, SchedulerConfig(kv_tokens=32, kv_sessions=0))
+    try:
+        with pytest.raises(KVCacheFull, match="no room"):
+            list(sched.generate(_ids(m.spec.vocab_size, 60, 2), GREEDY))
+    finally:
+        sched.stop()
