@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import itertools
 import time
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,6 +38,8 @@ class Seq:
     tokens: list[int] = field(default_factory=list)  # what the cache holds for it, in order
     busy: bool = False  # a running request owns it
     last_used: float = 0.0
+    key: str = field(default_factory=lambda: uuid.uuid4().hex[:16])  # its file under --session-dir
+    saved: int = 0  # tokens its session file holds
 
 
 def common_prefix(a: list[int], b: np.ndarray) -> int:
@@ -51,7 +55,8 @@ class KVPool:
         self.kv, self.page_size = kv, page_size
         self.warm_limit, self.can_fork = warm_limit, can_fork
         self.seqs: dict[int, Seq] = {}
-        self._ids = itertools.count(1)
+        self._ids = itertools.count(1)  # 0 stays free: TVM's checkpoints go through it
+        self.on_drop: Callable[[Seq], None] = lambda seq: None
 
     # -- reuse -------------------------------------------------------------------------------
     def acquire(self, prompt: list[int]) -> tuple[Seq, int]:
@@ -83,7 +88,7 @@ class KVPool:
 
     def release(self, seq: Seq) -> None:
         """The owner is done: the sequence stays warm, unless reuse is off or it is over the limit."""
-        seq.busy, seq.last_used = False, time.monotonic()
+        seq.busy, seq.last_used = False, time.time()
         warm = sorted((s for s in self.seqs.values() if not s.busy), key=lambda s: s.last_used)
         for s in warm[: max(0, len(warm) - self.warm_limit)]:
             self.drop(s)
@@ -91,6 +96,37 @@ class KVPool:
     def drop(self, seq: Seq) -> None:
         rt.remove_sequence(self.kv, seq.id)
         del self.seqs[seq.id]
+        self.on_drop(seq)
+
+    # -- checkpoints (sessions on disk) ------------------------------------------------------
+    def export(self, seq: Seq) -> tuple[str, list] | None:
+        """`seq`'s KV as TVM checkpoints it (through sequence 0), or None where it cannot (a
+        sliding-window model, or no page free for the fork's partial page)."""
+        if not self.make_room(1):
+            return None
+        rt.fork_sequence(self.kv, seq.id, 0, len(seq.tokens))
+        try:
+            return rt.export_sequence0(self.kv)
+        except Exception:  # TVM refuses this cache's layout: the session keeps its ids only
+            return None
+        finally:
+            rt.remove_sequence(self.kv, 0)
+
+    def adopt_import(self, tokens: list[int], metadata: str, groups: list, key: str, last_used: float) -> Seq:
+        """A warm sequence from an export. TVM's import empties the cache: only into an empty pool."""
+        assert not self.seqs, "a checkpoint import would drop the cache's sequences"
+        rt.import_sequence0(self.kv, metadata, groups)
+        seq = Seq(next(self._ids), list(tokens), last_used=last_used, key=key, saved=len(tokens))
+        rt.fork_sequence(self.kv, 0, seq.id, len(tokens))
+        rt.remove_sequence(self.kv, 0)
+        self.seqs[seq.id] = seq
+        return seq
+
+    def new_warm(self, key: str, last_used: float) -> Seq:
+        """An empty sequence that a restored session's ids are fed into, then left warm."""
+        seq = self._new([])
+        seq.key, seq.last_used = key, last_used
+        return seq
 
     # -- pages -------------------------------------------------------------------------------
     def free_pages(self) -> int:

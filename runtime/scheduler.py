@@ -41,6 +41,7 @@ from .detokenizer import Detokenizer
 from .grammar import Constraint
 from .kv_pool import KVPool, Seq
 from .sampler import SamplingParams
+from .session_files import SessionFiles
 from .stream import StepEvent
 
 log = logging.getLogger("goinfer.runtime")
@@ -124,6 +125,12 @@ class Scheduler:
         kv = model.create_cache(max(1, config.max_concurrent), self.capacity)
         can_fork = not any(model.spec.sliding_layers)
         self.pool = KVPool(kv, model.manifest.kv_cache.page_size, config.kv_sessions, can_fork)
+        self.sessions = (
+            SessionFiles(config.session_dir, model.bundle.header_sha256) if config.session_dir else None
+        )
+        if self.sessions is not None:
+            self.pool.on_drop = self.sessions.forget
+            self.sessions.restore(self)
         self._cond = threading.Condition()
         self._prefills: deque[Session] = deque()
         self._decodes: list[tuple[Session, int]] = []
@@ -200,9 +207,16 @@ class Scheduler:
 
     def stop(self) -> None:
         with self._cond:
+            if self._stopped:
+                return
             self._stopped = True
             self._cond.notify()
         self._thread.join(timeout=10)
+        if self.sessions is not None:  # what is warm now, saved before the process goes
+            for seq in list(self.pool.seqs.values()):
+                if not seq.busy:
+                    self.sessions.save(self.pool, seq)
+            self.sessions.close()
 
     def stats(self) -> dict[str, int]:
         """For /health: sequences kept warm, pages in use and free."""
@@ -230,8 +244,9 @@ class Scheduler:
                 ):
                     self._cond.wait(CANCEL_POLL_S)
                     self._drop_cancelled()
-                if self._stopped:
-                    return
+                if self._stopped:  # finished generations still go back to the pool (and to disk)
+                    releases, self._releases = self._releases, []
+                    break
                 self._gather()
                 releases, self._releases = self._releases, []
                 barriers, self._barriers = self._barriers, []
@@ -251,6 +266,9 @@ class Scheduler:
             except Exception:  # a bug here must not hang every waiting generation
                 log.exception("scheduler step failed")
                 self._fail_all(RuntimeError("the scheduler failed; see the server log"))
+        for s in releases:
+            self._release(s)
+        self._fail_all(RuntimeError("the model was unloaded"))
 
     def _drop_cancelled(self) -> None:
         """(lock held) Prompts whose client left while they waited end now, not when their turn comes."""
@@ -277,9 +295,11 @@ class Scheduler:
         with self._cond:
             if s in self._prefills:
                 self._prefills.remove(s)
-        if s.seq is not None and s.seq.id in self.pool.seqs:
-            self.pool.release(s.seq)
-        s.seq = None
+        seq, s.seq = s.seq, None
+        if seq is not None and seq.id in self.pool.seqs:
+            self.pool.release(seq)
+            if self.sessions is not None and seq.id in self.pool.seqs:
+                self.sessions.save(self.pool, seq)
 
     def _room(self, needs: list[tuple[Seq, int]]) -> bool:
         pages = sum(self.pool.pages_for(seq, n) for seq, n in needs) + 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import json
 from pathlib import Path
 
 import numpy as np
@@ -71,7 +72,16 @@ _end_forward = tvm_ffi.get_global_func("vm.builtin.kv_state_end_forward")
 _popn = tvm_ffi.get_global_func("vm.builtin.kv_state_popn")
 _fork = tvm_ffi.get_global_func("vm.builtin.kv_state_fork_sequence")
 _available_pages = tvm_ffi.get_global_func("vm.builtin.attention_kv_cache_get_num_available_pages")
-_debug_get_kv = tvm_ffi.get_global_func("vm.builtin.attention_kv_cache_debug_get_kv")
+_checkpoint = {
+    name: tvm_ffi.get_global_func(f"vm.builtin.attention_kv_cache_{name}")
+    for name in (
+        "get_checkpoint_metadata",
+        "export_page_group",
+        "prepare_import",
+        "import_page_group",
+        "finish_import",
+    )
+}
 
 
 def load_vm(library_path: str):
@@ -163,6 +173,27 @@ def fork_sequence(kv, parent: int, child: int, at: int) -> None:
 
 def available_pages(kv) -> int:
     return int(_available_pages(kv))
+
+
+# TVM's KV checkpoint works on sequence 0 only, and importing one empties the whole cache.
+def export_sequence0(kv) -> tuple[str, list[np.ndarray]]:
+    """Sequence 0's KV: TVM's checkpoint metadata (JSON) and one array per layer group. Raises
+    where TVM cannot export the cache (sliding-window layers)."""
+    metadata = str(_checkpoint["get_checkpoint_metadata"](kv, 0))
+    groups = []
+    for g in json.loads(metadata)["groups"]:
+        out = _aligned_copy(np.zeros(g["shape"], np.dtype(g["dtype"])), np.dtype(g["dtype"]))
+        _checkpoint["export_page_group"](kv, 0, g["group_index"], tvm_ffi.from_dlpack(out))
+        groups.append(out)
+    return metadata, groups
+
+
+def import_sequence0(kv, metadata: str, groups: list[np.ndarray]) -> None:
+    """Sequence 0 from an export; every other sequence in the cache is dropped."""
+    _checkpoint["prepare_import"](kv, 0, metadata)
+    for g, data in zip(json.loads(metadata)["groups"], groups, strict=True):
+        _checkpoint["import_page_group"](kv, 0, g["group_index"], tensor(data))
+    _checkpoint["finish_import"](kv, 0)
 
 
 def to_numpy(t) -> np.ndarray:
