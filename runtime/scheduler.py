@@ -47,6 +47,8 @@ from .stream import StepEvent
 log = logging.getLogger("goinfer.runtime")
 
 GATHER_S = 0.003  # how long a decode step waits for running generations still sampling
+PROBE_ROUNDS = 5  # --cpu-batch auto's measurement: decode steps timed each way
+BATCH_GAIN = 0.9  # batch when a batched step of two costs at most this much of two single ones
 CANCEL_POLL_S = 0.1  # how often an idle or blocked scheduler looks for prompts whose client left
 
 
@@ -121,10 +123,11 @@ class Scheduler:
         self.model, self.config = model, config
         self.chunk = max(1, min(config.prefill_chunk, model.prefill_chunk))
         self.capacity = config.kv_tokens or model.context_length
-        self.batch = config.batch != "off"
         kv = model.create_cache(max(1, config.max_concurrent), self.capacity)
         can_fork = not any(model.spec.sliding_layers)
         self.pool = KVPool(kv, model.manifest.kv_cache.page_size, config.kv_sessions, can_fork)
+        self.probe: tuple[float, float] | None = None  # (two single steps, one batched step of two), s
+        self.batch = config.batch == "on" or (config.batch == "auto" and self._batching_pays())
         self.sessions = (
             SessionFiles(config.session_dir, model.bundle.header_sha256) if config.session_dir else None
         )
@@ -142,6 +145,31 @@ class Scheduler:
         self.steps = 0
         self._thread = threading.Thread(target=self._loop, name="goinfer-scheduler", daemon=True)
         self._thread.start()
+
+    def _batching_pays(self) -> bool:
+        """--cpu-batch auto: time two sequences' decode steps, one forward each against one forward
+        for both, on this machine and model, and batch if that is faster by BATCH_GAIN or more."""
+        if self.config.max_concurrent < 2 or self.model.prefill_chunk < 2:
+            return False
+        seqs = [self.pool._new([]) for _ in range(2)]
+        kv, ids = self.pool.kv, [q.id for q in seqs]
+        try:
+            for q in seqs:  # a little context, as a real step has
+                self.model.run(kv, [q.id], [[1, 2, 3, 4][: self.model.prefill_chunk]])
+            single, batched = [], []
+            for _ in range(PROBE_ROUNDS):
+                t0 = time.perf_counter()
+                for q in ids:
+                    self.model.run(kv, [q], [[5]])
+                t1 = time.perf_counter()
+                self.model.run(kv, ids, [[6], [6]])
+                single.append(t1 - t0)
+                batched.append(time.perf_counter() - t1)
+        finally:
+            for q in seqs:
+                self.pool.drop(q)
+        self.probe = (float(np.median(single)), float(np.median(batched)))
+        return self.probe[1] <= BATCH_GAIN * self.probe[0]
 
     # -- the generation side (any thread) --------------------------------------------------
     def generate(

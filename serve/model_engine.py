@@ -29,6 +29,10 @@ class ModelEngine:
         quant, target = m.quant, m.build.target
         where = f"{target}/{model.tier}" if model.tier else target
         batched = f"batched up to {config.max_concurrent} sequences" if s.batch else "one sequence a forward"
+        if s.probe is not None:  # --cpu-batch auto decided from a measurement: say which
+            batched += (
+                f"; measured: 2 sequences {s.probe[0] * 1e3:.1f} ms apart, {s.probe[1] * 1e3:.1f} ms batched"
+            )
         self.info = ModelInfo(
             path=str(path),
             quant=quant,
