@@ -8,7 +8,9 @@
 Both engines get the same GGUF (ours as its bundle, built on first use and cached) and `--threads`
 threads each, in the same run; requests go to one server then the other (A/B) wherever a bench
 allows. Every request is streamed at temperature 0 with `stream_options.include_usage`. Progress goes
-to stderr, the tables to stdout, everything measured to `--json` (bench/results/serving.json).
+to stderr, the tables to stdout, everything measured to `--json` (bench/results/serving.json), with
+the load average before each bench. `--goinfer-args` passes flags to `goinfer serve` (the defaults
+are its own); the server logs go to /tmp/bench-*.log.
 
 agent: a `--turns` (4) turn chat over a fixed prefix of about 4,000 tokens, a long system prompt and
   20 OpenAI `tools`, written here deterministically. Each turn appends the previous reply (and a
@@ -16,8 +18,9 @@ agent: a `--turns` (4) turn chat over a fixed prefix of about 4,000 tokens, a lo
   each server keeps its own conversation. Per turn: TTFT, the request sent to the first content or
   tool-call delta; prompt tokens, and the tokens the server reused, from `usage.prompt_tokens_details.
   cached_tokens` (llama-server: that, else `timings.cache_n`). llama-server runs one slot with its
-  default prompt cache (`cache_prompt` on). Every round opens its system prompt with its own number, so
-  no round reuses another's prefix. Target: from turn 2 on, TTFT <= 0.7x llama-server's.
+  default prompt cache (`-np 1 -c 8192`, `cache_prompt` on). Every round opens its system prompt
+  with its own number, so no round reuses another's prefix. Target: from turn 2 on, TTFT <= 0.7x
+  llama-server's.
 
 concurrency: 1, 2, 4 and 8 clients (`--clients`), threads released together, each one request with a
   distinct prompt that asks for a long answer, `--max-tokens` (128). Neither server can be told to
