@@ -142,7 +142,7 @@ class Scheduler:
         self._decoding: set[Session] = set()  # sessions past their prompt: each will submit a token or close
         self._stopped = False
         self._blocked = False  # the head prompt waits for pages: only a release can free them
-        self.steps = 0
+        self._stats = self._count()
         self._thread = threading.Thread(target=self._loop, name="goinfer-scheduler", daemon=True)
         self._thread.start()
 
@@ -247,13 +247,16 @@ class Scheduler:
             self.sessions.close()
 
     def stats(self) -> dict[str, int]:
-        """For /health: sequences kept warm, pages in use and free."""
+        """For /health: sequences kept warm and running, pages used and free, as of the last step
+        (counted on the scheduler's thread: the cache is not read from another)."""
+        return dict(self._stats)
+
+    def _count(self) -> dict[str, int]:
         pool = self.pool
-        total = -(-self.capacity // pool.page_size) + 1
-        free = pool.free_pages()
+        total, free, warm = -(-self.capacity // pool.page_size) + 1, pool.free_pages(), pool.warm
         return {
-            "sessions_warm": pool.warm,
-            "sessions_running": len(pool.seqs) - pool.warm,
+            "sessions_warm": warm,
+            "sessions_running": len(pool.seqs) - warm,
             "pages_used": total - free,
             "pages_free": free,
             "page_size": pool.page_size,
@@ -290,7 +293,7 @@ class Scheduler:
                     self._decode_step(decodes)
                 if waiting is not None:
                     self._prefill_step(waiting)
-                self.steps += 1
+                self._stats = self._count()
             except Exception:  # a bug here must not hang every waiting generation
                 log.exception("scheduler step failed")
                 self._fail_all(RuntimeError("the scheduler failed; see the server log"))
@@ -382,8 +385,8 @@ class Scheduler:
                 s.cached = reused
         chunk = s.pending[s.fed : s.fed + self.chunk]
         if not self._room([(s.seq, len(chunk))]):
-            if self._decoding or any(q is not s and q.seq is not None for q in self._prefills):
-                self._blocked = True  # others hold the pages; they free them as they finish
+            if self._decoding:
+                self._blocked = True  # running generations hold the pages; they free them as they end
                 return
             return self._end_prefill(
                 s,

@@ -457,6 +457,20 @@ async def test_a_full_queue_is_429_and_the_rest_succeed(aiohttp_client):
         assert (await checked_reply(resp))["choices"][0]["message"]["content"] == "Hello world!"
 
 
+async def test_a_prompt_the_kv_cache_cannot_hold_is_a_503_with_the_reason(aiohttp_client):
+    from goinfer.runtime.scheduler import KVCacheFull
+
+    class FullEngine(ScriptedEngine):
+        def generate(self, *args, **kwargs):
+            raise KVCacheFull("the KV cache (64 tokens) has no room for a 90-token prompt")
+            yield  # a generator, as the real one
+
+    client = await client_for(aiohttp_client, {"fake": FullEngine()})
+    resp = await client.post("/v1/chat/completions", json=chat())
+    assert resp.status == 503 and resp.headers["Retry-After"] == "1"
+    assert "no room for a 90-token prompt" in assert_envelope(await resp.json(), code="kv_cache_full")
+
+
 async def test_max_concurrent_generations_run_at_once_and_the_rest_queue_in_order(aiohttp_client):
     gate = threading.Event()
     engine = ScriptedEngine(gate=gate)

@@ -92,13 +92,26 @@ def test_a_tiny_real_model_serves_what_generate_gives(served, tiny_bundle) -> No
             body = {"model": "tiny", "messages": messages, "temperature": 0, "max_tokens": 10}
             chat = await (await client.post("/v1/chat/completions", json=body)).json()
             listing = await (await client.get("/v1/models")).json()
-            return chat, listing
+            again = await (await client.post("/v1/chat/completions", json=body)).json()
+            for _ in range(100):  # the finished sequence goes back to the pool just after the reply
+                health = await (await client.get("/health")).json()
+                if health["models"]["tiny"]["sessions_running"] == 0:
+                    break
+                await asyncio.sleep(0.02)
+            return chat, listing, again, health
 
-    chat, listing = asyncio.run(ask())
+    chat, listing, again, health = asyncio.run(ask())
     assert chat["choices"][0]["message"]["content"] == "".join(e.text for e in events)
     assert chat["choices"][0]["finish_reason"] == events[-1].finish_reason
     assert chat["usage"]["prompt_tokens"] == len(ids)
     assert chat["usage"]["completion_tokens"] == sum(e.token_id is not None for e in events)
+    # The same request again: its prompt is warm (all but the last token), the reply the same.
+    assert again["usage"]["prompt_tokens_details"] == {"cached_tokens": len(ids) - 1}
+    assert again["choices"][0]["message"]["content"] == chat["choices"][0]["message"]["content"]
+    tiny = health["models"]["tiny"]
+    # The first stays warm for its own next turn (prompt + reply); the second forked from it.
+    assert tiny["sessions_warm"] == 2 and tiny["sessions_running"] == 0
+    assert tiny["pages_used"] > 0 and tiny["pages_free"] > 0 and tiny["page_size"] == 16
     entry = listing["data"][0]
     assert entry["id"] == "tiny" and entry["context_window"] == 256 and entry["vision"] is False
     assert entry["decode_path"].startswith("llvm") and "f32" in entry["decode_path"]
