@@ -20,6 +20,8 @@ from typing import Any
 
 from .giw import FORMAT_VERSION, RESERVED_KEYS, Bundle, BundleError
 
+# The KV cache dtypes a bundle may be built with (the compiler's BuildOptions.kv_dtype).
+KV_DTYPES = ("float16", "float32")
 ENTRY_POINTS = ("prefill_all", "decode", "batch_prefill", "batch_decode", "create_kv_cache")
 
 
@@ -87,7 +89,13 @@ class Tokens:
 class KVCache:
     page_size: int  # tokens per page: the attention kernels are built for it
     prefill_chunk: int  # tokens per prefill call: the cache is created for it, prompts are cut to it
-    dtype: str = "float32"
+    dtype: str = "float32"  # the pages' (and the cache's q/k/v/output) element type: KV_DTYPES
+
+    def __post_init__(self) -> None:
+        if self.dtype not in KV_DTYPES:
+            raise BundleError(
+                f"corrupt manifest: kv_cache.dtype is {self.dtype!r}, not one of {', '.join(KV_DTYPES)}"
+            )
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import numpy as np
 from goinfer.artifacts import giw, manifest
 
 from . import __version__
-from .kernels.paging import PAGE_SIZE  # the attention kernels' page (no TVM imported)
+from .kernels.paging import DEFAULT_KV_DTYPE, PAGE_SIZE  # the attention kernels' page (no TVM imported)
 from .sources import load_checkpoint
 from .sources.base import Checkpoint, SourceTensor
 
@@ -31,6 +31,7 @@ class BuildOptions:
     target: str = "llvm"
     quant: str = "gguf"  # the checkpoint's own blocks, value-exact (quant/gguf.py)
     num_cores: int | None = None  # threads the compiled module is built for; default: this host's
+    kv_dtype: str = DEFAULT_KV_DTYPE  # the KV cache's pages: "float16" | "float32" (manifest.KV_DTYPES)
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,10 @@ def build(
         raise BuildError(f"unknown target {options.target!r}; choose one of {', '.join(TARGETS)}")
     if options.quant not in QUANT_MODES:
         raise BuildError(f"unknown quant {options.quant!r}; choose one of {', '.join(QUANT_MODES)}")
+    if options.kv_dtype not in manifest.KV_DTYPES:
+        raise BuildError(
+            f"unknown KV cache dtype {options.kv_dtype!r}; choose one of {', '.join(manifest.KV_DTYPES)}"
+        )
     output = Path(output)
     _check_writable(output)
 
@@ -81,9 +86,9 @@ def build(
     def pick(parts: Sequence[SourceTensor]) -> ModuleType:
         return scheme_for(options.quant, parts)
 
-    progress(f"[2/5] building the {spec.family} graph ({options.quant})")
+    progress(f"[2/5] building the {spec.family} graph ({options.quant}, KV cache {options.kv_dtype})")
     target = compile_cache.tiers_for(options.target, options.num_cores)[0][1]
-    model = build_model(spec, layer(spec.family), pick, ckpt.tensors, target)
+    model = build_model(spec, layer(spec.family), pick, ckpt.tensors, target, options.kv_dtype)
 
     # 3. Quantize: pack every weight (pure numpy), checking each against the model's parameters.
     tensors, schemes = _pack_weights(model, ckpt, progress)
@@ -203,13 +208,14 @@ def _tokenizer_tensor(ckpt: Checkpoint) -> tuple[str, np.ndarray]:
     return TOKENIZER_TENSOR, np.frombuffer(ckpt.tokenizer_json.encode("utf-8"), np.uint8)
 
 
-def kv_cache(spec: manifest.ModelSpec) -> manifest.KVCache:
+def kv_cache(spec: manifest.ModelSpec, dtype: str = DEFAULT_KV_DTYPE) -> manifest.KVCache:
     """The cache's layout and the prefill chunk: the runtime creates the cache for this chunk and
     cuts every prompt to it, so a prompt of any length up to the window fits."""
     # Windowed layers are exact only when a chunk is shorter than the window: TVM's ragged prefill
     # kernel applies no window within a chunk.
     limit = spec.sliding_window - 1 if spec.sliding_window else spec.context_length
-    return manifest.KVCache(page_size=PAGE_SIZE, prefill_chunk=max(1, min(MAX_PREFILL_CHUNK, limit)))
+    chunk = max(1, min(MAX_PREFILL_CHUNK, limit))
+    return manifest.KVCache(page_size=PAGE_SIZE, prefill_chunk=chunk, dtype=dtype)
 
 
 def _manifest(
@@ -232,7 +238,7 @@ def _manifest(
         chat_template_origin=ckpt.chat_template_origin,
         params=tuple(param_order),
         weight_schemes=schemes,
-        kv_cache=kv_cache(ckpt.spec),
+        kv_cache=kv_cache(ckpt.spec, options.kv_dtype),
         entry_points=manifest.ENTRY_POINTS,
         cpu_tiers=tuple(cpu_tiers),
         selftest=selftest,

@@ -55,14 +55,23 @@ def tiny_bundle(
 ) -> Callable[..., Path]:
     from goinfer.compiler.build import BuildOptions, build
 
-    made: dict[tuple[str, str, str, int | None], Path] = {}
+    made: dict[tuple[str, str, str, int | None, str], Path] = {}
 
-    def make(family: str, quant: str = "f32", tensor_type: str = "F32", context: int | None = None) -> Path:
-        key = (family, quant, tensor_type, context)
+    def make(
+        family: str,
+        quant: str = "f32",
+        tensor_type: str = "F32",
+        context: int | None = None,
+        kv_dtype: str = "float32",
+    ) -> Path:
+        """`kv_dtype` is the KV cache's: float32 unless a test asks for float16 (the build's
+        default), so that the runs tests compare with each other and with numpy stay exact."""
+        key = (family, quant, tensor_type, context, kv_dtype)
         if key not in made:
-            out = tmp_path_factory.mktemp("giw") / f"tiny-{family}-{quant}-{tensor_type}.giw"
+            out = tmp_path_factory.mktemp("giw") / f"tiny-{family}-{quant}-{tensor_type}-{kv_dtype}.giw"
             source = tiny_gguf(family, tensor_type, context)
-            build(source, out, BuildOptions(quant=quant, num_cores=2), progress=_null)
+            options = BuildOptions(quant=quant, num_cores=2, kv_dtype=kv_dtype)
+            build(source, out, options, progress=_null)
             made[key] = out
         return made[key]
 

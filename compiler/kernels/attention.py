@@ -36,6 +36,12 @@ core); the rest is the per-block softmax and the transposes in and out.
 The stock paged prefill (history attention in chunked prefill) also reads `scale_O[d_idx]` from a
 one-element buffer, i.e. past its end; tests/test_attention_kernels.py holds ours to numpy.
 
+Every kernel takes the cache's dtype (`dtype`: float32 or float16) for q, the K/V (pages or the
+ragged chunk) and the output, as TVM's cache hands them all in its one dtype; lse is float32 either
+way. A float16 kernel loads half, widens to float32 (LLVM's fpext: vcvtph2ps with F16C or
+AVX-512), computes exactly as the float32 one, and narrows only the output it stores. The float32
+kernels are unchanged by this (`_as` adds no cast to a value already float32).
+
 Only RopeMode.NONE is supported (the models apply RoPE themselves): `rotary_mode` must be 0.
 """
 
@@ -48,6 +54,7 @@ import tvm
 from tvm import tirx
 from tvm.script import tirx as T
 
+from ..lower import tvm_api
 from .paging import PAGE_SIZE
 from .vector_math import exp2
 
@@ -56,6 +63,7 @@ ROWS = 16  # query rows per prefill tile: the float32 lanes of one AVX-512 regis
 PV_UNROLL = 8  # prefill: head_dim columns of output += p @ V summed at once
 LOG2E = math.log2(math.e)
 _MIN = -1e30  # a finite "minus infinity": exp2(_MIN - m) is 0 and never NaN
+KV_DTYPES = ("float32", "float16")  # the cache dtypes the kernels are built for
 
 # The stock kernels' names in the module TIRPagedKVCache builds (their global symbols, TVM 0.27).
 RAGGED = "batch_prefill_ragged_kv"
@@ -69,9 +77,25 @@ def _lanes(d: int) -> int:
     return next(v for v in (16, 8, 4, 2, 1) if d % v == 0)
 
 
-def _attend(d: int, key_row, value_offset: int, paged_blocks: bool):
+def _as(dtype: str, x):
+    """x (a scalar or vector) as element type `dtype`, lanes kept: a float16 load widened to
+    float32, or a float32 result narrowed for a float16 store. x itself when already `dtype`."""
+    have, x_, lanes = str(x.ty).partition("x")
+    return x if have == dtype else T.Cast(dtype + x_ + lanes, x)
+
+
+def _f32(x):
+    return _as("float32", x)
+
+
+def check_dtype(dtype: str) -> None:
+    if dtype not in KV_DTYPES:
+        raise ValueError(f"KV cache dtype {dtype!r}: the attention kernels take {', '.join(KV_DTYPES)}")
+
+
+def _attend(d: int, key_row, value_offset: int, paged_blocks: bool, dtype: str):
     """The decode core: query `row` of qf attends to keys first .. first + n_keys - 1 and writes
-    row `row` of the output and lse. `key_row(where, j)` gives key j's row in the flattened K/V
+    row `row` of the output (in `dtype`) and lse. `key_row(where, j)` gives key j's row in the flattened K/V
     buffer (the kernel's addressing; `where` carries what it needs), and its value's row is
     `value_offset` rows on. With `paged_blocks`, a block's keys are one page's consecutive rows.
 
@@ -100,9 +124,9 @@ def _attend(d: int, key_row, value_offset: int, paged_blocks: bool):
         return T.ramp(blk * KB, 1, KB) < T.Broadcast(n_keys, KB)
 
     def dot(qf, kf, row, krow):  # q . k as vl partial sums: one FMA chain over d / vl chunks
-        acc = qf[row, at(0)] * kf[krow, at(0)]
+        acc = _f32(qf[row, at(0)]) * _f32(kf[krow, at(0)])
         for c in range(1, chunks):
-            acc = acc + qf[row, at(c)] * kf[krow, at(c)]
+            acc = acc + _f32(qf[row, at(c)]) * _f32(kf[krow, at(c)])
         return acc
 
     @T.macro
@@ -137,10 +161,10 @@ def _attend(d: int, key_row, value_offset: int, paged_blocks: bool):
                 o[at(c)] = o[at(c)] * T.Broadcast(alpha, vl)
             for jj in T.unroll(KB):
                 for c in T.unroll(chunks):
-                    o[at(c)] = o[at(c)] + vf[krow[jj] + value_offset, at(c)] * T.Broadcast(p[jj], vl)
+                    o[at(c)] = o[at(c)] + _f32(vf[krow[jj] + value_offset, at(c)]) * T.Broadcast(p[jj], vl)
         inv = T.Bind(T.float32(1) / T.max(state[1], T.float32(1e-30)))  # no keys: output 0, not NaN
         for c in T.unroll(chunks):
-            of[row, at(c)] = o[at(c)] * T.Broadcast(inv, vl)
+            of[row, at(c)] = _as(dtype, o[at(c)] * T.Broadcast(inv, vl))
         lf[row] = state[0] + T.log2(T.max(state[1], T.float32(1e-30)))
 
     return attend
@@ -196,7 +220,7 @@ def _zigzag(u, n):
     return T.if_then_else(u % 2 == 0, u // 2, n - 1 - u // 2)
 
 
-def _prefill_tile(d: int, h_kv: int, h_q: int, stride: int, aligned: bool, block_at):
+def _prefill_tile(d: int, h_kv: int, h_q: int, stride: int, aligned: bool, block_at, dtype: str):
     """The prefill core: `attend(...)` runs one tile of ROWS query rows against its keys.
 
     A tile's rows are (query, q head) pairs of one kv head, query-major (row f of a sequence is
@@ -207,7 +231,11 @@ def _prefill_tile(d: int, h_kv: int, h_q: int, stride: int, aligned: bool, block
     Keys come in runs (segments) [a, b) whose key j sits at position p = j + shift of the
     sequence's storage; `block_at(where, p, kv)` is the flat offset of the key (kv=0) or value
     (kv=1) row at p, and the rows at p, p+1, ... are `stride` apart up to the next multiple of
-    KEY_BLOCK (a page) when `aligned`, or for good otherwise (the ragged K/V)."""
+    KEY_BLOCK (a page) when `aligned`, or for good otherwise (the ragged K/V).
+
+    q, K/V and the output are `dtype`. float32 K/V blocks are read in place; float16 ones are
+    widened into the edge blocks' float32 copy first (a key element, broadcast, then is one load
+    as in float32; the copy costs one conversion per element against ROWS x 2 FMAs)."""
     assert KEY_BLOCK == PAGE_SIZE
     R, KB, group = ROWS, KEY_BLOCK, h_q // h_kv
     U = math.gcd(d, PV_UNROLL)
@@ -233,6 +261,7 @@ def _prefill_tile(d: int, h_kv: int, h_q: int, stride: int, aligned: bool, block
 
     zeros = _vec(T.float32(0))
     lowest = _vec(T.float32(_MIN))
+    in_place = dtype == "float32"
 
     @T.macro
     def block(ks, k0, vs, v0, kstride, j0, lo, hi, qt, ot, s, ms, ls, acc):
@@ -266,10 +295,17 @@ def _prefill_tile(d: int, h_kv: int, h_q: int, stride: int, aligned: bool, block
                 ot[at(c0 * U + u)] = acc[at(u)]
 
     @T.macro
+    def copy_row(kb, vb, jj, ksrc, k_row, vsrc, v_row):
+        """Key and value rows at k_row, v_row into row jj of the float32 block copies."""
+        for c in T.serial(d // vl):
+            kb[T.ramp(jj * d + c * vl, 1, vl)] = _f32(ksrc[T.ramp(k_row + c * vl, 1, vl)])
+            vb[T.ramp(jj * d + c * vl, 1, vl)] = _f32(vsrc[T.ramp(v_row + c * vl, 1, vl)])
+
+    @T.macro
     def attend(qf, of, lf, q0, hk, tile, n_rows, scale, lo_b, hi_b, ksrc, vsrc, where, segs):
         qt = T.alloc_buffer((d * R,), "float32")  # the tile's queries, transposed: qt[c, row]
         ot = T.alloc_buffer((d * R,), "float32")  # its output, transposed
-        kb = T.alloc_buffer((KB * d,), "float32")  # an edge block's keys, copied
+        kb = T.alloc_buffer((KB * d,), "float32")  # an edge (or float16) block's keys, copied
         vb = T.alloc_buffer((KB * d,), "float32")
         s = T.alloc_buffer((KB * R,), "float32")  # scores, then weights: [key, row]
         acc = T.alloc_buffer((U * R,), "float32")
@@ -291,7 +327,7 @@ def _prefill_tile(d: int, h_kv: int, h_q: int, stride: int, aligned: bool, block
         for c in T.serial(d):  # transpose: a column at a time, one masked broadcast per row
             qt[at(c)] = zeros
             for r in T.unroll(R):
-                qt[at(c)] = T.Select(T.ramp(0, 1, R) == _vec(r), _vec(qf[rows[r], c]), qt[at(c)])
+                qt[at(c)] = T.Select(T.ramp(0, 1, R) == _vec(r), _vec(_f32(qf[rows[r], c])), qt[at(c)])
             qt[at(c)] = qt[at(c)] * _vec(scale)
         for c in T.serial(d):
             ot[at(c)] = zeros
@@ -313,15 +349,18 @@ def _prefill_tile(d: int, h_kv: int, h_q: int, stride: int, aligned: bool, block
                     if j0 >= a and j0 + KB <= b:  # KB real keys, contiguous: read in place
                         k0 = T.Bind(block_at(where, j0 + shift, 0))
                         v0 = T.Bind(block_at(where, j0 + shift, 1))
-                        block(ksrc, k0, vsrc, v0, stride, j0, lo, hi, qt, ot, s, ms, ls, acc)
+                        if in_place:
+                            block(ksrc, k0, vsrc, v0, stride, j0, lo, hi, qt, ot, s, ms, ls, acc)
+                        else:  # float16: widened into kb / vb first
+                            for jj in T.serial(KB):
+                                copy_row(kb, vb, jj, ksrc, k0 + jj * stride, vsrc, v0 + jj * stride)
+                            block(kb, 0, vb, 0, d, j0, lo, hi, qt, ot, s, ms, ls, acc)
                     else:  # an edge: copy the real keys, zeros elsewhere (masked; never garbage)
                         for jj in T.serial(KB):
                             if j0 + jj >= a and j0 + jj < b:
                                 k_row = T.Bind(block_at(where, j0 + jj + shift, 0))
                                 v_row = T.Bind(block_at(where, j0 + jj + shift, 1))
-                                for c in T.serial(d // vl):
-                                    kb[T.ramp(jj * d + c * vl, 1, vl)] = ksrc[T.ramp(k_row + c * vl, 1, vl)]
-                                    vb[T.ramp(jj * d + c * vl, 1, vl)] = vsrc[T.ramp(v_row + c * vl, 1, vl)]
+                                copy_row(kb, vb, jj, ksrc, k_row, vsrc, v_row)
                             else:
                                 for c in T.serial(d // vl):
                                     kb[T.ramp(jj * d + c * vl, 1, vl)] = T.Broadcast(T.float32(0), vl)
@@ -335,20 +374,21 @@ def _prefill_tile(d: int, h_kv: int, h_q: int, stride: int, aligned: bool, block
         for r in T.serial(R):
             if tile * R + r < n_rows:
                 for c in T.serial(d):
-                    of[rows[r], c] = ot[c * R + r] * ls[r]
+                    of[rows[r], c] = _as(dtype, ot[c * R + r] * ls[r])
 
     return attend
 
 
-def prefill_ragged(h_kv: int, h_q: int, d: int) -> tirx.PrimFunc:
+def prefill_ragged(h_kv: int, h_q: int, d: int, dtype: str = "float32") -> tirx.PrimFunc:
     """Prompt tokens attending to themselves (causal), the stock `batch_prefill_ragged_kv`'s
     signature. K/V rows are [token, kv head]: key j of a sequence is row (kv start + j, hk)."""
+    check_dtype(dtype)
     group = h_q // h_kv
 
     def block_at(where, p, kv):  # where = (first key token, kv head); K and V are two buffers
         return ((where[0] + p) * h_kv + where[1]) * d
 
-    attend = _prefill_tile(d, h_kv, h_q, h_kv * d, False, block_at)
+    attend = _prefill_tile(d, h_kv, h_q, h_kv * d, False, block_at, dtype)
 
     @T.prim_func(private=True)
     def attention_prefill_ragged(
@@ -370,21 +410,21 @@ def prefill_ragged(h_kv: int, h_q: int, d: int) -> tirx.PrimFunc:
         T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
         batch_size, qo_len, kv_len = T.int32(), T.int32(), T.int32()
         q_off, kv_off, qr_off, kr_off = T.int32(), T.int32(), T.int32(), T.int32()
-        q = T.match_buffer(var_q, (qo_len, h_q, d), "float32")
+        q = T.match_buffer(var_q, (qo_len, h_q, d), dtype)
         q_indptr = T.match_buffer(var_q_indptr, (batch_size + 1,), "int32", elem_offset=q_off)
-        k = T.match_buffer(var_k, (kv_len, h_kv, d), "float32")
-        v = T.match_buffer(var_v, (kv_len, h_kv, d), "float32")
+        k = T.match_buffer(var_k, (kv_len, h_kv, d), dtype)
+        v = T.match_buffer(var_v, (kv_len, h_kv, d), dtype)
         kv_indptr = T.match_buffer(var_kv_indptr, (batch_size + 1,), "int32", elem_offset=kv_off)
         T.match_buffer(var_q_rope_position, (qo_len,), "int32", elem_offset=qr_off)
         T.match_buffer(var_k_rope_pos_offset, (batch_size,), "int32", elem_offset=kr_off)
-        output = T.match_buffer(var_output, (qo_len, h_q, d), "float32")
+        output = T.match_buffer(var_output, (qo_len, h_q, d), dtype)
         lse = T.match_buffer(var_lse, (qo_len, h_q), "float32")
         assert rotary_mode == 0, "goinfer's attention kernels expect RoPE applied by the model"
         # the same memory as rows of d ((token, head) -> row), and K/V flat
-        qf = T.decl_buffer((qo_len * h_q, d), "float32", data=q.data)
-        kf = T.decl_buffer((kv_len * h_kv * d,), "float32", data=k.data)
-        vf = T.decl_buffer((kv_len * h_kv * d,), "float32", data=v.data)
-        of = T.decl_buffer((qo_len * h_q, d), "float32", data=output.data)
+        qf = T.decl_buffer((qo_len * h_q, d), dtype, data=q.data)
+        kf = T.decl_buffer((kv_len * h_kv * d,), dtype, data=k.data)
+        vf = T.decl_buffer((kv_len * h_kv * d,), dtype, data=v.data)
+        of = T.decl_buffer((qo_len * h_q, d), dtype, data=output.data)
         lf = T.decl_buffer((qo_len * h_q,), "float32", data=lse.data)
         for b in T.serial(batch_size):
             n_q = T.Bind(q_indptr[b + 1] - q_indptr[b])
@@ -408,10 +448,11 @@ def prefill_ragged(h_kv: int, h_q: int, d: int) -> tirx.PrimFunc:
     return attention_prefill_ragged
 
 
-def decode_paged(h_kv: int, h_q: int, d: int, sliding: bool) -> tirx.PrimFunc:
+def decode_paged(h_kv: int, h_q: int, d: int, sliding: bool, dtype: str = "float32") -> tirx.PrimFunc:
     """One new token per sequence over its paged history, the stock `batch_decode_paged_kv`'s
     signature. With `sliding`, length_info is (3, batch): last page length, window offset, sink."""
-    attend = _paged_attend(h_kv, h_q, d, sliding)
+    check_dtype(dtype)
+    attend = _paged_attend(h_kv, h_q, d, sliding, dtype)
 
     @T.prim_func(private=True)
     def attention_decode_paged(
@@ -432,20 +473,20 @@ def decode_paged(h_kv: int, h_q: int, d: int, sliding: bool) -> tirx.PrimFunc:
         T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
         batch, nnz_pages, max_pages = T.int32(), T.int32(), T.int32()
         ip_off, pv_off, kr_off, qr_off, li_off = T.int32(), T.int32(), T.int32(), T.int32(), T.int32()
-        q = T.match_buffer(q_handle, (batch, h_q, d), "float32")
-        pages = T.match_buffer(pages_handle, (max_pages, 2, h_kv, PAGE_SIZE, d), "float32")
+        q = T.match_buffer(q_handle, (batch, h_q, d), dtype)
+        pages = T.match_buffer(pages_handle, (max_pages, 2, h_kv, PAGE_SIZE, d), dtype)
         page_indptr = T.match_buffer(page_indptr_handle, (batch + 1,), "int32", elem_offset=ip_off)
         page_values = T.match_buffer(page_values_handle, (nnz_pages,), "int32", elem_offset=pv_off)
         info = T.match_buffer(var_length_info, _info_shape(sliding, batch), "int32", elem_offset=li_off)
         T.match_buffer(k_rope_pos_offset_handle, (batch,), "int32", elem_offset=kr_off)
         T.match_buffer(q_rope_position_handle, (batch,), "int32", elem_offset=qr_off)
-        output = T.match_buffer(output_handle, (batch, h_q, d), "float32")
+        output = T.match_buffer(output_handle, (batch, h_q, d), dtype)
         lse = T.match_buffer(lse_handle, (batch, h_q), "float32")
         assert rotary_mode == 0, "goinfer's attention kernels expect RoPE applied by the model"
-        qf = T.decl_buffer((batch * h_q, d), "float32", data=q.data)
+        qf = T.decl_buffer((batch * h_q, d), dtype, data=q.data)
         # pages (page, k|v, kv head, slot, d) seen as rows of d
-        pf = T.decl_buffer((max_pages * 2 * h_kv * PAGE_SIZE, d), "float32", data=pages.data)
-        of = T.decl_buffer((batch * h_q, d), "float32", data=output.data)
+        pf = T.decl_buffer((max_pages * 2 * h_kv * PAGE_SIZE, d), dtype, data=pages.data)
+        of = T.decl_buffer((batch * h_q, d), dtype, data=output.data)
         lf = T.decl_buffer((batch * h_q,), "float32", data=lse.data)
         for task in T.parallel(batch * h_q):
             b = T.Bind(task // h_q)
@@ -459,10 +500,13 @@ def decode_paged(h_kv: int, h_q: int, d: int, sliding: bool) -> tirx.PrimFunc:
     return attention_decode_paged
 
 
-def prefill_paged(h_kv: int, h_q: int, d: int, sliding: bool, window: int) -> tirx.PrimFunc:
+def prefill_paged(
+    h_kv: int, h_q: int, d: int, sliding: bool, window: int, dtype: str = "float32"
+) -> tirx.PrimFunc:
     """Prompt tokens attending to the paged history of their sequence, the stock
     `batch_prefill_paged_kv_cpu`'s signature (its causal mask, and for sliding layers its
     "cross" mask: query i of the chunk sees the last window - i - 1 history slots)."""
+    check_dtype(dtype)
     group = h_q // h_kv
     window = window if sliding else 0
 
@@ -471,7 +515,7 @@ def prefill_paged(h_kv: int, h_q: int, d: int, sliding: bool, window: int) -> ti
         page = values[first + p // PAGE_SIZE]
         return (((page * 2 + kv) * h_kv + hk) * PAGE_SIZE + p % PAGE_SIZE) * d
 
-    attend = _prefill_tile(d, h_kv, h_q, d, True, block_at)
+    attend = _prefill_tile(d, h_kv, h_q, d, True, block_at, dtype)
 
     @T.prim_func(private=True)
     def attention_prefill_paged(
@@ -495,20 +539,20 @@ def prefill_paged(h_kv: int, h_q: int, d: int, sliding: bool, window: int) -> ti
         batch, total, nnz_pages, max_pages = T.int32(), T.int32(), T.int32(), T.int32()
         qi_off, ip_off, pv_off = T.int32(), T.int32(), T.int32()
         kr_off, qr_off, li_off = T.int32(), T.int32(), T.int32()
-        q = T.match_buffer(var_q, (total, h_q, d), "float32")
+        q = T.match_buffer(var_q, (total, h_q, d), dtype)
         q_indptr = T.match_buffer(var_q_indptr, (batch + 1,), "int32", elem_offset=qi_off)
-        pages = T.match_buffer(var_pages, (max_pages, 2, h_kv, PAGE_SIZE, d), "float32")
+        pages = T.match_buffer(var_pages, (max_pages, 2, h_kv, PAGE_SIZE, d), dtype)
         page_indptr = T.match_buffer(var_page_indptr, (batch + 1,), "int32", elem_offset=ip_off)
         page_values = T.match_buffer(var_page_values, (nnz_pages,), "int32", elem_offset=pv_off)
         info = T.match_buffer(var_length_info, _info_shape(sliding, batch), "int32", elem_offset=li_off)
         T.match_buffer(var_k_rope_pos_offset, (batch,), "int32", elem_offset=kr_off)
         T.match_buffer(var_q_rope_position, (total,), "int32", elem_offset=qr_off)
-        output = T.match_buffer(var_output, (total, h_q, d), "float32")
+        output = T.match_buffer(var_output, (total, h_q, d), dtype)
         lse = T.match_buffer(var_lse, (total, h_q), "float32")
         assert rotary_mode == 0, "goinfer's attention kernels expect RoPE applied by the model"
-        qf = T.decl_buffer((total * h_q, d), "float32", data=q.data)
-        pf = T.decl_buffer((max_pages * 2 * h_kv * PAGE_SIZE * d,), "float32", data=pages.data)
-        of = T.decl_buffer((total * h_q, d), "float32", data=output.data)
+        qf = T.decl_buffer((total * h_q, d), dtype, data=q.data)
+        pf = T.decl_buffer((max_pages * 2 * h_kv * PAGE_SIZE * d,), dtype, data=pages.data)
+        of = T.decl_buffer((total * h_q, d), dtype, data=output.data)
         lf = T.decl_buffer((total * h_q,), "float32", data=lse.data)
         for b in T.serial(batch):
             n_q = T.Bind(q_indptr[b + 1] - q_indptr[b])
@@ -550,7 +594,7 @@ def _segments(info, sliding: bool, b, n_kv):
     return ((0, sink, 0), (sink, n_kv, info[1, b] - info[2, b]))
 
 
-def _paged_attend(h_kv: int, h_q: int, d: int, sliding: bool):
+def _paged_attend(h_kv: int, h_q: int, d: int, sliding: bool, dtype: str):
     """The core, addressing keys in pages: where = (page table values, first page, length info,
     sequence, head)."""
     group = h_q // h_kv
@@ -562,7 +606,7 @@ def _paged_attend(h_kv: int, h_q: int, d: int, sliding: bool):
         return ((page * 2 + kv) * h_kv + h // group) * PAGE_SIZE + pos % PAGE_SIZE
 
     # a page holds all kv heads' keys, then their values: a value is h_kv * PAGE_SIZE rows on
-    return _attend(d, lambda where, j: slot(where, j, 0), h_kv * PAGE_SIZE, not sliding)
+    return _attend(d, lambda where, j: slot(where, j, 0), h_kv * PAGE_SIZE, not sliding, dtype)
 
 
 def _info_shape(sliding: bool, batch):
@@ -585,15 +629,25 @@ def _seq_pos(info, sliding: bool, b, j):
 
 def use_ours(mod: tvm.IRModule, h_kv: int, h_q: int, d: int, window: int) -> tvm.IRModule:
     """Swap the stock CPU kernels in an exported module for ours. `window` is the sliding layers'
-    window, as the cache was built with."""
+    window, as the cache was built with; the dtype is the one the cache's stock kernels take."""
+    dt = stock_dtype(mod, DECODE, 1)  # its pages
     mine = {
-        RAGGED: lambda: prefill_ragged(h_kv, h_q, d),
-        PREFILL: lambda: prefill_paged(h_kv, h_q, d, sliding=False, window=window),
-        PREFILL_SLIDING: lambda: prefill_paged(h_kv, h_q, d, sliding=True, window=window),
-        DECODE: lambda: decode_paged(h_kv, h_q, d, sliding=False),
-        DECODE_SLIDING: lambda: decode_paged(h_kv, h_q, d, sliding=True),
+        RAGGED: lambda: prefill_ragged(h_kv, h_q, d, dt),
+        PREFILL: lambda: prefill_paged(h_kv, h_q, d, sliding=False, window=window, dtype=dt),
+        PREFILL_SLIDING: lambda: prefill_paged(h_kv, h_q, d, sliding=True, window=window, dtype=dt),
+        DECODE: lambda: decode_paged(h_kv, h_q, d, sliding=False, dtype=dt),
+        DECODE_SLIDING: lambda: decode_paged(h_kv, h_q, d, sliding=True, dtype=dt),
     }
     return swap_stock(mod, mine)
+
+
+def stock_dtype(mod: tvm.IRModule, name: str, param: int) -> str:
+    """The element type of parameter `param` of the stock kernel `name` in `mod`: the dtype the
+    cache was built with, so ours take what its C++ side hands them."""
+    func = next((f for gv, f in mod.functions_items() if gv.name_hint == name), None)
+    if func is None:  # a TVM upgrade renamed it: fail the build rather than guess
+        raise RuntimeError(f"TVM's paged KV cache no longer defines {name}")
+    return tvm_api.param_dtype(func, param)
 
 
 def swap_stock(mod: tvm.IRModule, mine: dict[str, Callable[[], tirx.PrimFunc]]) -> tvm.IRModule:

@@ -10,6 +10,9 @@ step on the main thread (perf, 2 threads).
 These run a token per iteration: on the calling thread while the copy is small (a decode step, a
 short chunk), over tokens in parallel past that, each row a vector copy. Same signatures as the
 stock ones, which the cache's C++ side calls by position.
+
+Both take the cache's dtype (float32 or float16): the fused qkv, q, k, v and the pages all come in
+it (the model casts qkv before the cache's attention), so each is a copy with no conversion.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from tvm import tirx
 from tvm.script import tirx as T
 
 from ..lower.schedules import SERIAL_MAX
-from .attention import swap_stock
+from .attention import check_dtype, stock_dtype, swap_stock
 from .paging import PAGE_SIZE
 
 # The stock kernels' names in the module TIRPagedKVCache builds (their global symbols, TVM 0.27).
@@ -27,8 +30,9 @@ APPEND = "tir_kv_cache_transpose_append"
 SPLIT = "fused_rope"
 
 
-def transpose_append(h_kv: int, d: int) -> tirx.PrimFunc:
+def transpose_append(h_kv: int, d: int, dtype: str = "float32") -> tirx.PrimFunc:
     """k and v of each token (ntoken, h_kv, d) into its slot of the pages; position -1 skips."""
+    check_dtype(dtype)
     serial_tokens = max(1, SERIAL_MAX // (2 * h_kv * d))
 
     @T.macro
@@ -51,9 +55,9 @@ def transpose_append(h_kv: int, d: int) -> tirx.PrimFunc:
         ntoken, num_pages, pages_off = T.int64(), T.int64(), T.int64()
         pos_off = T.int32()
         page_shape = (num_pages, 2, h_kv, PAGE_SIZE, d)
-        pages = T.match_buffer(var_pages, page_shape, "float32", elem_offset=pages_off)
-        k_data = T.match_buffer(var_k_data, (ntoken, h_kv, d), "float32")
-        v_data = T.match_buffer(var_v_data, (ntoken, h_kv, d), "float32")
+        pages = T.match_buffer(var_pages, page_shape, dtype, elem_offset=pages_off)
+        k_data = T.match_buffer(var_k_data, (ntoken, h_kv, d), dtype)
+        v_data = T.match_buffer(var_v_data, (ntoken, h_kv, d), dtype)
         position_map = T.match_buffer(var_position_map, (ntoken,), "int32", elem_offset=pos_off)
         if ntoken <= serial_tokens:
             for t in T.serial(ntoken):
@@ -65,9 +69,10 @@ def transpose_append(h_kv: int, d: int) -> tirx.PrimFunc:
     return kv_transpose_append
 
 
-def split_qkv(h_q: int, h_kv: int, d: int) -> tirx.PrimFunc:
+def split_qkv(h_q: int, h_kv: int, d: int, dtype: str = "float32") -> tirx.PrimFunc:
     """The fused (seq_len, h_q + 2 h_kv, d) projection into q, k and v. RoPE is the model's (the
     cache is built with RopeMode.NONE), so `apply_rope` must be 0, as the attention kernels check."""
+    check_dtype(dtype)
     serial_tokens = max(1, SERIAL_MAX // ((h_q + 2 * h_kv) * d))
 
     @T.macro
@@ -92,10 +97,10 @@ def split_qkv(h_q: int, h_kv: int, d: int) -> tirx.PrimFunc:
     ):
         T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
         seq_len, pos_off = T.int32(), T.int32()
-        qkv = T.match_buffer(var_qkv, (seq_len, h_q + 2 * h_kv, d), "float32")
-        q = T.match_buffer(var_q, (seq_len, h_q, d), "float32")
-        k = T.match_buffer(var_k, (seq_len, h_kv, d), "float32")
-        v = T.match_buffer(var_v, (seq_len, h_kv, d), "float32")
+        qkv = T.match_buffer(var_qkv, (seq_len, h_q + 2 * h_kv, d), dtype)
+        q = T.match_buffer(var_q, (seq_len, h_q, d), dtype)
+        k = T.match_buffer(var_k, (seq_len, h_kv, d), dtype)
+        v = T.match_buffer(var_v, (seq_len, h_kv, d), dtype)
         T.match_buffer(var_position_map, (seq_len,), "int32", elem_offset=pos_off)
         assert apply_rope == 0, "goinfer's KV cache expects RoPE applied by the model"
         if seq_len <= serial_tokens:
@@ -109,6 +114,8 @@ def split_qkv(h_q: int, h_kv: int, d: int) -> tirx.PrimFunc:
 
 
 def use_ours(mod: tvm.IRModule, h_kv: int, h_q: int, d: int) -> tvm.IRModule:
-    """Swap the stock split and append kernels in an exported module for ours."""
-    mine = {APPEND: lambda: transpose_append(h_kv, d), SPLIT: lambda: split_qkv(h_q, h_kv, d)}
+    """Swap the stock split and append kernels in an exported module for ours, in the dtype the
+    cache's stock append takes."""
+    dt = stock_dtype(mod, APPEND, 0)  # its pages
+    mine = {APPEND: lambda: transpose_append(h_kv, d, dt), SPLIT: lambda: split_qkv(h_q, h_kv, d, dt)}
     return swap_stock(mod, mine)

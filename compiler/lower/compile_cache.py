@@ -1,7 +1,8 @@
 """Lower a model to a compiled library, or reuse the one compiled before for the same graph.
 
 The cache key is everything the compiled code depends on: the spec, the scheme of every weight,
-the target, the TVM version and the source that generates code (fingerprint.codegen_fingerprint).
+the KV cache's dtype, the target, the TVM version and the source that generates code
+(fingerprint.codegen_fingerprint).
 A hit skips export and compile.
 """
 
@@ -44,6 +45,8 @@ def tiers_for(name: str, num_cores: int | None) -> list[tuple[str, dict[str, Any
 
 
 class Exportable(Protocol):
+    kv_dtype: str  # the KV cache's dtype, which the exported module is built for
+
     def exported(self) -> tuple[Any, list[tuple[str, Any]]]:
         """The model's Relax module and its (name, parameter) list, as compiled."""
         ...
@@ -55,6 +58,7 @@ def compile_model(
     key_src = {
         "spec": spec.to_json(),
         "schemes": schemes,
+        "kv_dtype": model.kv_dtype,
         "target": target,
         "tvm": tvm_api.TVM_VERSION,
         "code": codegen_fingerprint(),

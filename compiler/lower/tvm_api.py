@@ -5,6 +5,7 @@ If a TVM upgrade breaks the build, this file and schedules.py are where to look.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import tvm
@@ -25,6 +26,7 @@ __all__ = [
     "compile_module",
     "export",
     "host_target",
+    "kv_cache_type",
     "modules_of_type",
     "paged_kv_cache",
 ]
@@ -74,8 +76,11 @@ def paged_kv_cache(
     max_total_seq_len: tirx.Var,
     prefill_chunk_size: tirx.Var,
     page_size: tirx.Var,
+    dtype: str,
 ) -> PagedKVCache:
-    """TVM's paged KV cache with its CPU (TIR) attention kernels.
+    """TVM's paged KV cache with its CPU (TIR) attention kernels, its pages in `dtype` ("float16"
+    or "float32"); the cache also takes q/k/v and gives the attention output in it, so each
+    layer's `attention_with_fused_qkv` casts to and from it.
 
     RoPE is applied by the model itself (RopeMode.NONE), since gemma3 needs two bases and QK-norm
     before rotation; the cache only stores and attends.
@@ -103,29 +108,50 @@ def paged_kv_cache(
         rope_ext_factors=tirx.IntImm("int64", 0),
         rotary_dim=spec.head_dim,
         enable_disaggregation=False,
-        dtype="float32",
+        dtype=dtype,
         target=target,
         layer_sliding_window_size=kv_window(spec),
     )
+
+
+class _TypedKVCache(PagedKVCache):
+    """The cache as an entry point's argument, knowing the dtype it was created with."""
+
+    kv_dtype: str = "float32"
+
+
+@functools.cache
+def kv_cache_type(dtype: str) -> type[PagedKVCache]:
+    """The object type of an entry point's cache argument (`nn.spec.Object(object_type=...)`)
+    for a cache created in `dtype`: each layer's `attention_with_fused_qkv` reads the dtype off
+    the argument, so it needs no parameter of its own (and cannot disagree with the cache)."""
+    return type(f"PagedKVCache_{dtype}", (_TypedKVCache,), {"kv_dtype": dtype})
 
 
 def attention_with_fused_qkv(
     kv: PagedKVCache, layer: int, qkv: nn.Tensor, heads: int, sm_scale: float
 ) -> nn.Tensor:
     """The cache's attention for one layer on a fused qkv of (tokens, q + k + v heads, dim),
-    returning (tokens, heads, dim). `PagedKVCache.attention_with_fused_qkv` takes and returns
-    (batch, tokens, heads, dim) and views to and from the 3-D form the builtin works on: two
-    views a decode layer, each a VM instruction and an object (one sequence here: batch 1)."""
+    returning (tokens, heads, dim) in qkv's dtype. `PagedKVCache.attention_with_fused_qkv` takes
+    and returns (batch, tokens, heads, dim) and views to and from the 3-D form the builtin works
+    on: two views a decode layer, each a VM instruction and an object (one sequence here: batch 1).
+
+    The builtin takes qkv and gives the output in the cache's dtype (`kv_cache_type`; float32 for
+    an untyped cache): in another, qkv is cast to it before (fused into the RoPE kernel) and the
+    output back after (a small kernel of its own: the output projection takes float32)."""
     t, _, d = qkv.shape
-    return nn.Tensor(
+    dtype = getattr(kv, "kv_dtype", "float32")
+    fused = qkv if qkv.dtype == dtype else qkv.astype(dtype)
+    out = nn.Tensor(
         _expr=relax.BlockBuilder.current().emit(
             relax.call_dps_packed(
                 "vm.builtin.attention_kv_cache_attention_with_fused_qkv",
-                [kv._expr, relax.prim_value(layer), relax.prim_value(sm_scale), qkv._expr],
-                out_ty=relax.TensorType((t, heads, d), qkv.dtype),
+                [kv._expr, relax.prim_value(layer), relax.prim_value(sm_scale), fused._expr],
+                out_ty=relax.TensorType((t, heads, d), dtype),
             )
         )
     )
+    return out if dtype == qkv.dtype else out.astype(qkv.dtype)
 
 
 def compile_module(mod: tvm.IRModule, target: Target, schedule_rules: list[dlight.ScheduleRule]):
@@ -222,6 +248,12 @@ def pick_isa_variants(mod: tvm.IRModule, target: Target) -> tvm.IRModule:
                 chosen = chosen.with_attr(key, value)
         out.update_func(gv, chosen.without_attr(ISA_VARIANTS))
     return out
+
+
+def param_dtype(func: tirx.PrimFunc, index: int) -> str:
+    """The element type of a PrimFunc's buffer parameter (0.27 types the parameter itself; older
+    releases kept it in `func.buffer_map`)."""
+    return str(func.params[index].ty.dtype)
 
 
 def without_params(func: tirx.PrimFunc, indices: list[int]) -> tirx.PrimFunc:

@@ -74,9 +74,10 @@ class CausalLM(nn.Module):
         pick: SchemePicker,
         tensors: Mapping[str, SourceTensor],
         target: tvm_api.Target,
+        kv_dtype: str,
     ):
         super().__init__()
-        self.spec, self.target = spec, target
+        self.spec, self.target, self.kv_dtype = spec, target, kv_dtype
         emb = "token_embd.weight"
         self.embed_tokens = QLinear(pick([tensors[emb]]), spec.hidden_size, spec.vocab_size, (emb,))
         self.layers = nn.ModuleList([layer_cls(spec, i, pick, tensors) for i in range(spec.num_layers)])
@@ -148,7 +149,13 @@ class CausalLM(nn.Module):
         page_size: tirx.Var,
     ) -> tvm_api.PagedKVCache:
         return tvm_api.paged_kv_cache(
-            self.spec, self.target, max_batch_size, max_total_seq_len, prefill_chunk_size, page_size
+            self.spec,
+            self.target,
+            max_batch_size,
+            max_total_seq_len,
+            prefill_chunk_size,
+            page_size,
+            self.kv_dtype,
         )
 
     def exported(self) -> tuple[tvm.IRModule, list[tuple[str, nn.Parameter]]]:
@@ -163,7 +170,7 @@ class CausalLM(nn.Module):
         return self._goinfer_exported
 
     def export_spec(self) -> nn.spec.ModuleSpec:
-        kv = nn.spec.Object(object_type=tvm_api.PagedKVCache)
+        kv = nn.spec.Object(object_type=tvm_api.kv_cache_type(self.kv_dtype))
         packed = {"param_mode": "packed", "effect_mode": "none"}
         return nn.spec.ModuleSpec.from_raw(
             {
@@ -196,6 +203,8 @@ def build_model(
     pick: SchemePicker,
     tensors: Mapping[str, SourceTensor],
     target: dict[str, Any],
+    kv_dtype: str,
 ) -> CausalLM:
-    """The causal LM of `layer_cls` blocks, each weight in the scheme `pick` gives it."""
-    return CausalLM(spec, layer_cls, pick, tensors, tvm_api.make_target(target))
+    """The causal LM of `layer_cls` blocks, each weight in the scheme `pick` gives it, over a KV
+    cache in `kv_dtype`."""
+    return CausalLM(spec, layer_cls, pick, tensors, tvm_api.make_target(target), kv_dtype)

@@ -28,6 +28,7 @@ from typing import BinaryIO
 from goinfer.artifacts import cache
 
 from ..fingerprint import code_fingerprint
+from ..kernels.paging import DEFAULT_KV_DTYPE
 from .base import SourceError
 
 Progress = Callable[[str], None]
@@ -282,8 +283,11 @@ def _pull_dir(name: str, model: ZooModel, tmp: Path, staged: Path, progress: Pro
     return digest
 
 
-def bundle_path(source: Path, quant: str, target: str, cache_dir: Path | None = None) -> Path:
-    """Where the bundle built from ``source`` with these options is cached: ``<cache>/bundles/``.
+def bundle_path(
+    source: Path, quant: str, target: str, cache_dir: Path | None = None, *, kv_dtype: str = DEFAULT_KV_DTYPE
+) -> Path:
+    """Where the bundle built from ``source`` with these options (BuildOptions' quant, target and
+    kv_dtype) is cached: ``<cache>/bundles/``.
 
     A zoo file is keyed by its pinned sha256; any other file by its path, size and mtime (hashing
     a checkpoint per run would cost more than the lookup saves). The goinfer version is in the key,
@@ -294,7 +298,8 @@ def bundle_path(source: Path, quant: str, target: str, cache_dir: Path | None = 
     if sha is None:
         st = source.stat()
         sha = hashlib.sha256(f"{source}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()
-    key = hashlib.sha256(f"{sha}\0{quant}\0{target}\0{code_fingerprint()}".encode()).hexdigest()[:16]
+    options = f"{quant}\0{target}\0{kv_dtype}"
+    key = hashlib.sha256(f"{sha}\0{options}\0{code_fingerprint()}".encode()).hexdigest()[:16]
     return cache.folder("bundles", cache_dir) / f"{source.stem}.{quant}.{target}.{key}.giw"
 
 

@@ -44,6 +44,7 @@ def test_round_trip_through_json_and_a_bundle(tmp_path: Path) -> None:
             lambda d: d["kv_cache"].update(prefill_chunk=0),
             "kv_cache.prefill_chunk is 0, not a positive count",
         ),
+        (lambda d: d["kv_cache"].update(dtype="bfloat16"), "kv_cache.dtype is 'bfloat16', not one of"),
         (lambda d: d["model"].update(vocab_size="8"), "manifest.model.vocab_size is not int"),
         (lambda d: d["model"].update(context_length=True), "manifest.model.context_length is not int"),
         (lambda d: d["tokens"].update(stop_ids=[7, "x"]), r"manifest.tokens.stop_ids\[1\] is not int"),

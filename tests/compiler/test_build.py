@@ -49,6 +49,38 @@ def test_the_prefill_chunk_is_always_a_concrete_number() -> None:
     assert kv_cache(windowed).prefill_chunk == 511  # shorter than the window: windowed layers stay exact
 
 
+def test_an_unknown_kv_dtype_is_refused(tiny_gguf, tmp_path: Path) -> None:
+    from goinfer.compiler.build import BuildError
+
+    with pytest.raises(BuildError, match="unknown KV cache dtype 'bfloat16'; choose one of float16, float32"):
+        build(tiny_gguf("llama"), tmp_path / "x.giw", BuildOptions(kv_dtype="bfloat16"), progress=_quiet)
+
+
+@pytest.mark.parametrize("kv_dtype", ["float32", "float16"])
+def test_the_kv_dtype_reaches_the_cache_and_every_kernel_it_calls(tiny_gguf, kv_dtype: str) -> None:
+    """Ours in place of the stock kernels take the dtype the cache was created with; a float32
+    cache leaves no half anywhere (the module exported before the option existed)."""
+    from goinfer.compiler.kernels import attention, kv_append
+    from goinfer.compiler.lower import tvm_api
+    from goinfer.compiler.models import layer
+    from goinfer.compiler.models.decoder import build_model
+    from goinfer.compiler.quant import scheme_for
+    from goinfer.compiler.sources import load_checkpoint
+
+    ckpt = load_checkpoint(tiny_gguf("gemma3"))  # sliding layers: every kernel is called
+
+    def pick(parts):
+        return scheme_for("f32", parts)
+
+    model = build_model(ckpt.spec, layer("gemma3"), pick, ckpt.tensors, tvm_api.host_target(2), kv_dtype)
+    mod, _ = model.exported()
+    funcs = {gv.name_hint: f for gv, f in mod.functions_items()}
+    kernels = [attention.RAGGED, attention.PREFILL, attention.PREFILL_SLIDING, attention.DECODE]
+    for name in [*kernels, attention.DECODE_SLIDING, kv_append.APPEND, kv_append.SPLIT]:
+        assert tvm_api.param_dtype(funcs[name], 0) == kv_dtype, name  # q, pages or the fused qkv
+    assert ("float16" in mod.script()) == (kv_dtype == "float16")
+
+
 def test_int4mix_keeps_the_source_precision_mix(tiny_gguf, tmp_path: Path) -> None:
     """What the checkpoint stores at >= 5 bits a weight stays 8-bit (int8), its 4-bit tensors become
     int4: a Q4_0 llama (4.5 bits) whose ffn_down matrices are Q5_0 (5.5 bits), as a Q4_K_M file

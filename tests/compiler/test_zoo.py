@@ -209,6 +209,7 @@ def test_bundle_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert a.parent == tmp_path / "cache" / "bundles" and a.name.startswith("m.int4.llvm.")
     assert a.suffix == ".giw" and zoo.bundle_path(src, "int4", "llvm") == a
     assert zoo.bundle_path(src, "int8", "llvm") != a
+    assert zoo.bundle_path(src, "int4", "llvm", kv_dtype="float32") != a  # the KV dtype: a rebuild
     os.utime(src, ns=(5, 5))  # an edited source gets a fresh bundle
     assert zoo.bundle_path(src, "int4", "llvm") != a
     # A zoo file is keyed by its pinned sha256, wherever it lives.
