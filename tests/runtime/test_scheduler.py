@@ -184,3 +184,43 @@ def test_a_prompt_the_cache_cannot_hold_is_refused(model: Model) -> None:
             list(sched.generate(_ids(m.spec.vocab_size, 60, 2), GREEDY))
     finally:
         sched.stop()
+
+
+def test_constraints_logprobs_and_seeds_stay_per_generation(model: Model) -> None:
+    """Concurrent generations, one grammar-constrained, one with logprobs, one seeded: each gets
+    exactly what it gets alone."""
+    from goinfer.runtime.grammar import GrammarConstraint, compile_lark
+
+    m, vocab = model, model.spec.vocab_size
+    grammar = m.grammar.start()
+    pattern = compile_lark("start: /[0-9]{3,6}/")
+
+    def digits() -> GrammarConstraint:
+        return GrammarConstraint(grammar.matcher(pattern), vocab)
+
+    runs = [
+        (_ids(vocab, 9, 21), GREEDY, None, digits),
+        (_ids(vocab, 14, 22), GREEDY, 3, None),
+        (_ids(vocab, 5, 23), SamplingParams(temperature=1.0, seed=5, max_tokens=12), None, None),
+    ]
+
+    def go(gen, prompt, params, logprobs, make):
+        events = list(gen(prompt, params, logprobs, make() if make else None))
+        return [(e.token_id, e.logprob, e.top_logprobs) for e in events if e.token_id is not None]
+
+    alone = [go(m.generate, *r) for r in runs]
+    sched = Scheduler(m, SchedulerConfig(max_concurrent=3, kv_sessions=0))
+    out: dict[int, list] = {}
+    threads = [
+        threading.Thread(target=lambda i=i: out.__setitem__(i, go(sched.generate, *runs[i])))
+        for i in range(3)
+    ]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert [out[i] for i in range(3)] == alone
+        assert all(m.decode([t]).isdigit() for t, _lp, _top in alone[0])
+    finally:
+        sched.stop()
