@@ -60,6 +60,16 @@ def main() -> None:
     """goinfer: compile an LLM checkpoint into a .giw bundle, then run it."""
 
 
+KV_DTYPES = {"f16": "float16", "f32": "float32"}
+kv_dtype_option = click.option(
+    "--kv-dtype",
+    type=click.Choice(list(KV_DTYPES)),
+    default="f16",
+    show_default=True,
+    help="the KV cache's element type, compiled into the bundle (f16: half the memory and bytes a step)",
+)
+
+
 @main.command()
 @click.argument("source")
 @click.option("--target", default="llvm", show_default=True, help="llvm (CPU); cuda and metal later.")
@@ -69,20 +79,22 @@ def main() -> None:
     show_default=True,
     help="gguf (the checkpoint's own blocks, value-exact) | int4 | int8int8 | int8 | int4mix | f32",
 )
+@kv_dtype_option
 @click.option("-o", "--output", required=True, help="the .giw file to write")
-def build(source: str, target: str, quant: str, output: str) -> None:
+def build(source: str, target: str, quant: str, kv_dtype: str, output: str) -> None:
     """Compile SOURCE (a .gguf file or a zoo model name) into a .giw bundle."""
     from goinfer.compiler.build import BuildOptions
     from goinfer.compiler.build import build as run_build
 
     try:
-        run_build(source, output, BuildOptions(target=target, quant=quant))
+        run_build(source, output, BuildOptions(target=target, quant=quant, kv_dtype=KV_DTYPES[kv_dtype]))
     except _user_errors() as e:
         _fail(str(e))
 
 
-def _resolve_bundle(ref: str, quant: str, target: str) -> Path:
-    """A .giw as given; a .gguf or zoo name is built once into the cache, then reused."""
+def _resolve_bundle(ref: str, quant: str, target: str, kv_dtype: str = "f16") -> Path:
+    """A .giw as given (its own quant and KV dtype); a .gguf or zoo name is built once into the
+    cache, then reused."""
     path = Path(ref)
     if path.suffix == ".giw":
         if not path.is_file():
@@ -92,11 +104,12 @@ def _resolve_bundle(ref: str, quant: str, target: str) -> Path:
     from goinfer.compiler.sources import zoo
 
     source = path if path.is_file() else zoo.resolve(ref)
-    bundle = zoo.bundle_path(source, quant, target)
+    dtype = KV_DTYPES[kv_dtype]
+    bundle = zoo.bundle_path(source, quant, target, kv_dtype=dtype)
     if not bundle.is_file():
         click.echo(f"goinfer: first use of {ref}: building {bundle.name}", err=True)
         bundle.parent.mkdir(parents=True, exist_ok=True)
-        build(source, bundle, BuildOptions(target=target, quant=quant))
+        build(source, bundle, BuildOptions(target=target, quant=quant, kv_dtype=dtype))
     return bundle
 
 
@@ -111,6 +124,7 @@ def _resolve_bundle(ref: str, quant: str, target: str) -> Path:
 @click.option("--chat", is_flag=True, help="render PROMPT as a user turn through the model's chat template")
 @click.option("--system", default=None, help="a system message (with --chat)")
 @click.option("--quant", default="gguf", show_default=True, help="used only when MODEL must be built")
+@kv_dtype_option
 @click.option("--verbose", "-v", is_flag=True, help="timings on stderr")
 @click.option("--no-selftest", is_flag=True, help="skip the startup kernel self-test")
 def generate(
@@ -124,12 +138,13 @@ def generate(
     chat: bool,
     system: str | None,
     quant: str,
+    kv_dtype: str,
     verbose: bool,
     no_selftest: bool,
 ) -> None:
     """Generate a continuation of PROMPT with MODEL (a .giw, a .gguf or a zoo name)."""
     try:
-        bundle = _resolve_bundle(model, quant, "llvm")
+        bundle = _resolve_bundle(model, quant, "llvm", kv_dtype)
         from goinfer.runtime.model import Model
         from goinfer.runtime.sampler import SamplingParams
 
@@ -241,6 +256,7 @@ def generate(
     help="KV cache capacity in tokens, all sequences together (0: the context window)",
 )
 @click.option("--quant", default="gguf", show_default=True, help="used only when a model must be built")
+@kv_dtype_option
 @click.option("--no-selftest", is_flag=True, help="skip the startup kernel self-test")
 def serve(
     models: tuple[str, ...],
@@ -261,6 +277,7 @@ def serve(
     ctx: int,
     kv_tokens: int,
     quant: str,
+    kv_dtype: str,
     no_selftest: bool,
 ) -> None:
     """Serve models over OpenAI-compatible and Anthropic Messages HTTP APIs (base URL http://ADDR/v1)."""
@@ -296,7 +313,7 @@ def serve(
         )
         server.check_exposure(config)  # before any model loads: a refusal costs nothing
         context = server.ssl_context(config)
-        load = _engine_loader(quant, no_selftest, engine)
+        load = _engine_loader(quant, no_selftest, engine, kv_dtype)
         engines = {}
         from goinfer.compiler.sources.zoo import DEFAULT_MODEL
 
@@ -323,7 +340,9 @@ def _model_specs(specs: tuple[str, ...]) -> list[tuple[str, str]]:
     return list(out.items())
 
 
-def _engine_loader(default_quant: str, no_selftest: bool, engine: SchedulerConfig | None = None):
+def _engine_loader(
+    default_quant: str, no_selftest: bool, engine: SchedulerConfig | None = None, kv_dtype: str = "f16"
+):
     """(name, path, quant) -> a ModelEngine: a .giw as is, a .gguf or zoo name built once into the cache."""
     from goinfer.runtime.scheduler import SchedulerConfig
 
@@ -333,7 +352,7 @@ def _engine_loader(default_quant: str, no_selftest: bool, engine: SchedulerConfi
         from goinfer.serve.model_engine import ModelEngine
 
         try:
-            bundle = _resolve_bundle(ref, quant or default_quant, "llvm")
+            bundle = _resolve_bundle(ref, quant or default_quant, "llvm", kv_dtype)
             return ModelEngine.load(bundle, self_test=False if no_selftest else None, config=config)
         except _user_errors() as e:
             raise ValueError(f"--model {name}={ref}: {e}") from None

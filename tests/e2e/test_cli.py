@@ -66,6 +66,14 @@ def test_build_refuses_unknown_target_quant_and_unwritable_output(tiny_gguf, tmp
     assert not list(tmp_path.glob("*.giw"))
 
 
+def test_build_kv_dtype(tiny_gguf, tmp_path: Path) -> None:
+    src, out = tiny_gguf("llama", "F32"), tmp_path / "f32kv.giw"
+    _assert_one_line_error(_run("build", src, "--kv-dtype", "f8", "-o", out), "--kv-dtype", "f8")
+    assert _run("build", src, "--quant", "f32", "--kv-dtype", "f32", "-o", out).exit_code == 0
+    manifest = json.loads(_run("inspect", out, "--json").stdout)
+    assert manifest["kv_cache"]["dtype"] == "float32"
+
+
 def test_generate_prints_only_the_text(tiny_bundle) -> None:
     from goinfer.runtime.model import Model
     from goinfer.runtime.sampler import SamplingParams
