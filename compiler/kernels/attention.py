@@ -95,9 +95,10 @@ def check_dtype(dtype: str) -> None:
 
 def _attend(d: int, key_row, value_offset: int, paged_blocks: bool, dtype: str):
     """The decode core: query `row` of qf attends to keys first .. first + n_keys - 1 and writes
-    row `row` of the output (in `dtype`) and lse. `key_row(where, j)` gives key j's row in the flattened K/V
-    buffer (the kernel's addressing; `where` carries what it needs), and its value's row is
-    `value_offset` rows on. With `paged_blocks`, a block's keys are one page's consecutive rows.
+    row `row` of the output (in `dtype`) and lse. `key_row(where, j)` gives key j's row in the
+    flattened K/V buffer (the kernel's addressing; `where` carries what it needs), and its value's
+    row is `value_offset` rows on. With `paged_blocks`, a block's keys are one page's consecutive
+    rows.
 
     A block of KEY_BLOCK keys at a time, all vector work:
     1. each key's dot product as vl partial sums (independent FMA chains across the block's keys);
