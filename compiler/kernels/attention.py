@@ -40,7 +40,11 @@ Every kernel takes the cache's dtype (`dtype`: float32 or float16) for q, the K/
 ragged chunk) and the output, as TVM's cache hands them all in its one dtype; lse is float32 either
 way. A float16 kernel loads half, widens to float32 (LLVM's fpext: vcvtph2ps with F16C or
 AVX-512), computes exactly as the float32 one, and narrows only the output it stores. The float32
-kernels are unchanged by this (`_as` adds no cast to a value already float32).
+kernels are unchanged by this (`_as` adds no cast to a value already float32). Measured, Qwen2.5-0.5B
+shape, 2 threads, each call on one of 24 page pools in turn (a step's layers, so the KV comes from
+memory): decode over 1k / 4k / 16k keys takes 0.87-0.96 / 0.81 / 0.62 of the float32 time (16k:
+159 -> 99 ns a key); prefill, which widens each block into its copy, 8% longer (512-token ragged
+2.77 -> 2.98 ms, 256 over 1024 of history 4.94 -> 5.36 ms).
 
 Only RopeMode.NONE is supported (the models apply RoPE themselves): `rotary_mode` must be 0.
 """
