@@ -38,7 +38,7 @@ class ModelEngine:
             quant=quant,
             target=where,
             context_window=model.context_length,
-            decode_path=f"{where} {quant} decode ({batched})",
+            decode_path=f"{where} {quant} decode, KV cache {m.kv_cache.dtype} ({batched})",
             prefill_path=f"{where} {quant} prefill (chunks of {s.chunk} tokens)",
             family=m.family,
             vocab_size=m.model.vocab_size,

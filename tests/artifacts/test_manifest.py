@@ -50,7 +50,7 @@ def test_round_trip_through_json_and_a_bundle(tmp_path: Path) -> None:
         (lambda d: d["tokens"].update(stop_ids=[7, "x"]), r"manifest.tokens.stop_ids\[1\] is not int"),
         (lambda d: d.update(config={}), "unknown field manifest.config"),
         (lambda d: d.update(forward_input="token_ids"), "unknown field manifest.forward_input"),
-        (lambda d: d.update(entry_points=["prefill_all", "decode"]), "entry_points lacks batch_prefill, batch_d"),
+        (lambda d: d.update(entry_points=["prefill_all", "decode"]), "lacks batch_prefill, batch_d"),
         (lambda d: d.update(cpu_tiers=[]), "cpu_tiers is empty"),
         (lambda d: d["cpu_tiers"][0].pop("selftest"), r"manifest.cpu_tiers\[0\].selftest is missing"),
         (lambda d: d.update(weight_schemes={"a": 1}), "manifest.weight_schemes.a is not str"),
