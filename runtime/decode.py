@@ -91,20 +91,13 @@ def generate_events(
         logits, step, budget, params, stop_ids, detok.push, logprobs, constraint, capture
     ):
         if ev.token_id is not None:
-            if first:  # the prompt's counts, known now: a stop string may end the reply before the end event
-                ev, first = (
-                    dataclasses.replace(
-                        ev, timings={"prompt_tokens": len(prompt_ids), "cached_tokens": cached}
-                    ),
-                    False,
-                )
+            if first:  # the prompt's counts now: a stop string may end the reply before the end event
+                counts = {"prompt_tokens": len(prompt_ids), "cached_tokens": cached}
+                ev, first = dataclasses.replace(ev, timings=counts), False
             yield ev
             continue
-        t_decode, n, computed = (
-            time.perf_counter() - t1,
-            ev.timings["completion_tokens"],
-            len(prompt_ids) - cached,
-        )
+        t_decode, n = time.perf_counter() - t1, ev.timings["completion_tokens"]
+        computed = len(prompt_ids) - cached
         timings = {
             "prompt_tokens": len(prompt_ids),
             "cached_tokens": cached,

@@ -37,7 +37,11 @@ class SessionFiles:
         """(scheduler thread) Snapshot `seq` and queue its file; nothing if it has not grown."""
         if len(seq.tokens) <= seq.saved:
             return
-        kv = pool.export(seq)
+        try:
+            kv = pool.export(seq)
+        except Exception as e:  # a session not saved must not fail the requests around it
+            log.warning("could not export session %s: %s", seq.key, e)
+            kv = None
         saved = store.SavedSession(seq.key, list(seq.tokens), seq.last_used, *(kv or (None, [])))
         seq.saved = len(seq.tokens)
         self._writer.submit(self._write, saved)

@@ -71,11 +71,11 @@ async def unload(request: web.Request) -> web.Response:
         return web.json_response(
             {"unloaded": req.name, "freed": False, "in_flight": slot.admitted}, status=202
         )
-    slot.close()
+    await asyncio.to_thread(slot.close)  # stopping the scheduler may write its sessions to disk
     return web.json_response({"unloaded": req.name, "freed": True})
 
 
 async def _free_when_idle(slot: ModelSlot) -> None:
     await slot.idle.wait()
-    slot.close()
+    await asyncio.to_thread(slot.close)
     log.info("freed %s after its last request", slot.name)

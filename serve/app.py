@@ -7,6 +7,7 @@ each with its own error middleware (the envelope its clients expect).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -53,4 +54,4 @@ def create_app(
 async def _close_models(app: web.Application) -> AsyncIterator[None]:
     yield
     for slot in app[REGISTRY].slots.values():
-        slot.close()
+        await asyncio.to_thread(slot.close)  # stopping a scheduler may write its sessions to disk
