@@ -5,15 +5,18 @@ running request owns its sequence; a finished one leaves it warm, generated toke
 the next turn of a chat (or the next step of an agent loop with a fixed system prompt) finds its
 history already computed.
 
-A new prompt takes the warm sequence sharing its longest prefix:
-- when the whole warm history is a prefix of the prompt, the request takes that sequence over and
-  extends it;
-- when they diverge part way, the request forks a new sequence from it at the divergence (TVM
-  shares the full pages and copies the partial one), and the warm one stays for whoever continues
-  it. On a model with sliding-window layers it takes the sequence over and pops the divergent tail
-  instead (`can_fork` False): TVM attends a forked sequence block by block, and its windowed
-  kernels then see each block's keys, not the window's.
-The last prompt token is always recomputed: its logits start the reply.
+Reuse is exact: a reused prefix ends where a cold run's prefill chunk would start, and only
+tokens that were computed as whole chunks of that cold run's are reused (`Seq.exact`). The rest of
+the prompt then runs in the very chunks a cold run has, against the very KV it would have, so the
+logits are a cold run's, bit for bit. (A decode step, or a chunk cut short, computes a token with
+other kernels or another split of its history: equal to float rounding only, so never reused.)
+
+A new prompt takes over the warm sequence sharing its longest such prefix and pops the tail it
+does not share (the reply, the last partial chunk: neither is reusable anyway). Sequences are
+never forked from one another: TVM attends a forked sequence block by block and merges the parts,
+which is a cold run's attention only to float rounding (measured on the tiny models), so the
+branch that forked, and the one it forked from, would both stop being exact. At least the last
+prompt token is always recomputed: its logits start the reply.
 
 Warm sequences beyond `warm_limit`, and any needed to free pages, are dropped least recently used
 first. All of this runs on the scheduler's thread only: the cache is not thread-safe.
@@ -40,6 +43,7 @@ class Seq:
     last_used: float = 0.0
     key: str = field(default_factory=lambda: uuid.uuid4().hex[:16])  # its file under --session-dir
     saved: int = 0  # tokens its session file holds
+    exact: int = 0  # leading tokens computed as whole chunks of a cold prefill: what may be reused
 
 
 def common_prefix(a: list[int], b: np.ndarray) -> int:
@@ -51,9 +55,9 @@ def common_prefix(a: list[int], b: np.ndarray) -> int:
 
 
 class KVPool:
-    def __init__(self, kv, page_size: int, warm_limit: int, can_fork: bool):
-        self.kv, self.page_size = kv, page_size
-        self.warm_limit, self.can_fork = warm_limit, can_fork
+    def __init__(self, kv, page_size: int, warm_limit: int, chunk: int):
+        self.kv, self.page_size, self.chunk = kv, page_size, chunk
+        self.warm_limit = warm_limit
         self.seqs: dict[int, Seq] = {}
         self._ids = itertools.count(1)  # 0 stays free: TVM's checkpoints go through it
         self.on_drop: Callable[[Seq], None] = lambda seq: None
@@ -62,23 +66,19 @@ class KVPool:
     def acquire(self, prompt: list[int]) -> tuple[Seq, int]:
         """A sequence for `prompt`, owned by the caller, holding its first `reused` tokens."""
         want = np.asarray(prompt, np.int64)
-        # Only warm sequences: a running one's KV is still growing, and a fork from it would
-        # change how its own attention is split (TVM attends per shared block and merges).
-        cands = [
-            (min(common_prefix(s.tokens, want), len(prompt) - 1), s) for s in self.seqs.values() if not s.busy
-        ]
+
+        def reusable(seq: Seq) -> int:  # whole cold chunks, and never the last prompt token
+            n = min(common_prefix(seq.tokens, want), len(prompt) - 1, seq.exact)
+            return n - n % self.chunk
+
+        cands = [(reusable(s), s) for s in self.seqs.values() if not s.busy]
         best_len, best = max(cands, key=lambda c: c[0], default=(0, None))
         if best is None or best_len <= 0:
             return self._new([]), 0
-        if best_len == len(best.tokens) or not self.can_fork:
-            rt.pop_tokens(self.kv, best.id, len(best.tokens) - best_len)
-            del best.tokens[best_len:]
-            best.busy = True
-            return best, best_len
-        child = Seq(next(self._ids), best.tokens[:best_len], busy=True)
-        rt.fork_sequence(self.kv, best.id, child.id, best_len)
-        self.seqs[child.id] = child
-        return child, best_len
+        rt.pop_tokens(self.kv, best.id, len(best.tokens) - best_len)
+        del best.tokens[best_len:]
+        best.busy, best.exact = True, best_len
+        return best, best_len
 
     def _new(self, tokens: list[int]) -> Seq:
         seq = Seq(next(self._ids), tokens, busy=True)
@@ -99,27 +99,34 @@ class KVPool:
         self.on_drop(seq)
 
     # -- checkpoints (sessions on disk) ------------------------------------------------------
+    # TVM exports and imports sequence 0 only. A fork to 0 for the export would split the
+    # sequence's blocks (see above), so exports happen at shutdown, when nothing continues.
     def export(self, seq: Seq) -> tuple[str, list] | None:
-        """`seq`'s KV as TVM checkpoints it (through sequence 0), or None where it cannot (a
-        sliding-window model, or no page free for the fork's partial page)."""
-        if not self.make_room(1):
-            return None
-        rt.fork_sequence(self.kv, seq.id, 0, len(seq.tokens))
+        """`seq`'s KV as TVM checkpoints it, or None where it cannot (sliding-window layers, no
+        page free for the fork). Only at shutdown: `seq` is left split in two blocks."""
+        if seq.id != 0:
+            if 0 in self.seqs:
+                self.drop(self.seqs[0])
+            if not self.make_room(1):
+                return None
+            rt.fork_sequence(self.kv, seq.id, 0, len(seq.tokens))
         try:
             return rt.export_sequence0(self.kv)
         except Exception:  # TVM refuses this cache's layout: the session keeps its ids only
             return None
         finally:
-            rt.remove_sequence(self.kv, 0)
+            if seq.id != 0:
+                rt.remove_sequence(self.kv, 0)
 
-    def adopt_import(self, tokens: list[int], metadata: str, groups: list, key: str, last_used: float) -> Seq:
-        """A warm sequence from an export. TVM's import empties the cache: only into an empty pool."""
+    def adopt_import(
+        self, tokens: list[int], metadata: str, groups: list, key: str, last_used: float, exact: int
+    ) -> Seq:
+        """A warm sequence from an export, as sequence 0 (one block, as it was computed). TVM's
+        import empties the cache: only into an empty pool."""
         assert not self.seqs, "a checkpoint import would drop the cache's sequences"
         rt.import_sequence0(self.kv, metadata, groups)
-        seq = Seq(next(self._ids), list(tokens), last_used=last_used, key=key, saved=len(tokens))
-        rt.fork_sequence(self.kv, 0, seq.id, len(tokens))
-        rt.remove_sequence(self.kv, 0)
-        self.seqs[seq.id] = seq
+        seq = Seq(0, list(tokens), last_used=last_used, key=key, saved=len(tokens), exact=exact)
+        self.seqs[0] = seq
         return seq
 
     def new_warm(self, key: str, last_used: float) -> Seq:
@@ -133,8 +140,7 @@ class KVPool:
         return rt.available_pages(self.kv)
 
     def pages_for(self, seq: Seq, n: int) -> int:
-        """Pages appending `n` tokens to `seq` may take: its partial last page fills first (a
-        forked sequence's partial page is already its own copy)."""
+        """Pages appending `n` tokens to `seq` may take: its partial last page fills first."""
         room = -len(seq.tokens) % self.page_size
         return max(0, -(-(n - room) // self.page_size))
 

@@ -50,6 +50,11 @@ def tokenizer_json(bundle: giw.Bundle, m: Manifest) -> str:
         ) from None
 
 
+# Prompt tokens a forward, wherever a prompt is fed (Model.prefill, the server's scheduler): a
+# reused prefix is exact only where it ends at a chunk boundary a cold run also has
+# (runtime/kv_pool.py), and one size everywhere makes the CLI's reply the server's.
+DEFAULT_PREFILL_CHUNK = 512
+
 # prefill_logits hands back at most this many bytes of logits a chunk: every position's logits of a
 # long prompt at once would be tokens x vocab floats (6 GB for 10k tokens of Qwen's 152k vocabulary).
 LOGITS_CHUNK_BYTES = 64 << 20
@@ -74,7 +79,8 @@ class Model:
         self.bos_id = manifest.tokens.bos_id
         self.add_bos = manifest.tokens.add_bos
         self.chat_template = manifest.chat_template
-        self.prefill_chunk = manifest.kv_cache.prefill_chunk
+        self.prefill_chunk = manifest.kv_cache.prefill_chunk  # the most a forward may feed
+        self.chunk = min(DEFAULT_PREFILL_CHUNK, self.prefill_chunk)  # what prompts are fed in
         self.load_seconds = load_seconds
         self.tier: str | None = None  # the CPU ISA tier the self-test chose
         self.self_test: selftest.SelfTestResult | None = None
@@ -224,7 +230,7 @@ class Model:
     def prefill(self, ids: list[int]) -> np.ndarray:
         """Feed a prompt of any length up to the window; returns the last position's logits (vocab,)."""
         out = None
-        for chunk in self._chunks(ids, self.prefill_chunk):
+        for chunk in self._chunks(ids, self.chunk):
             out = self._forward(chunk)
         if out is None:
             raise ValueError("empty prompt")

@@ -17,7 +17,9 @@ Each scheduler step runs
 Prompt chunks are never packed into a decode forward: the prefill attention kernels would then
 serve the decode tokens too, and a conversation's output would depend on what ran beside it.
 Batched rows equal single rows bit for bit (each kernel computes a row the same way whatever
-the batch), so at temperature 0 a conversation's reply is the one it gets alone.
+the batch), prompts are always cut at the same chunk boundaries, and a reused prefix is exactly
+what a cold run computes (runtime/kv_pool.py): so at temperature 0 a conversation's reply is the
+one it gets alone, on a cold server.
 
 Pages. Before each forward the scheduler makes room: warm sequences go first, least recently
 used. A prompt that still cannot get pages waits while others run, and fails (KVCacheFull) when
@@ -40,6 +42,7 @@ from .decode import generate_events
 from .detokenizer import Detokenizer
 from .grammar import Constraint
 from .kv_pool import KVPool, Seq
+from .model import DEFAULT_PREFILL_CHUNK
 from .sampler import SamplingParams
 from .session_files import SessionFiles
 from .stream import StepEvent
@@ -64,7 +67,7 @@ class KVCacheFull(Exception):
 class SchedulerConfig:
     max_concurrent: int = 4  # generations that run at once (more wait, first come first served)
     kv_sessions: int = 16  # warm sequences kept for prefix reuse (0: none, no reuse)
-    prefill_chunk: int = 512  # prompt tokens a step; capped by the bundle's own chunk
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK  # prompt tokens a step; capped by the bundle's own
     batch: str = "auto"  # "on" | "off" | "auto": batch concurrent decode steps into one forward
     kv_tokens: int = 0  # the cache's capacity in tokens, all sequences together (0: the window)
     context: int = 0  # caps the model's context window (0: the bundle's)
@@ -124,8 +127,8 @@ class Scheduler:
         self.chunk = max(1, min(config.prefill_chunk, model.prefill_chunk))
         self.capacity = config.kv_tokens or model.context_length
         kv = model.create_cache(max(1, config.max_concurrent), self.capacity)
-        can_fork = not any(model.spec.sliding_layers)
-        self.pool = KVPool(kv, model.manifest.kv_cache.page_size, config.kv_sessions, can_fork)
+        page = model.manifest.kv_cache.page_size
+        self.pool = KVPool(kv, page, config.kv_sessions, self.chunk)
         self.probe: tuple[float, float] | None = None  # (two single steps, one batched step of two), s
         self.batch = config.batch == "on" or (config.batch == "auto" and self._batching_pays())
         self.sessions = (
@@ -240,10 +243,8 @@ class Scheduler:
             self._stopped = True
             self._cond.notify()
         self._thread.join(timeout=10)
-        if self.sessions is not None:  # what is warm now, saved before the process goes
-            for seq in list(self.pool.seqs.values()):
-                if not seq.busy:
-                    self.sessions.save(self.pool, seq)
+        if self.sessions is not None:  # what is warm now, with its KV, before the process goes
+            self.sessions.save_all(self.pool)
             self.sessions.close()
 
     def stats(self) -> dict[str, int]:
@@ -398,7 +399,10 @@ class Scheduler:
             logits = self.model.run(self.pool.kv, [s.seq.id], [chunk])
         except Exception as e:
             return self._end_prefill(s, error=e)
-        s.seq.tokens.extend(chunk)
+        seq = s.seq
+        if len(chunk) == self.chunk and seq.exact == len(seq.tokens) and seq.exact % self.chunk == 0:
+            seq.exact += len(chunk)  # a whole chunk of a cold run, on a cold run's history: reusable
+        seq.tokens.extend(chunk)
         s.fed += len(chunk)
         if s.fed == len(s.pending):
             self._decoding.add(s)

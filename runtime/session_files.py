@@ -1,15 +1,15 @@
 """--session-dir: warm sessions saved as requests finish, restored when the server starts.
 
-Saving runs in two halves: the KV export reads the cache, so it runs on the scheduler's thread
-(a memory copy: ~10 ms for 4k tokens of Qwen-0.5B); writing the file runs on a writer thread of
-its own, off every request's path. A session is saved only when it grew since its last save, and
-its file goes when the pool drops it.
+After each request its session's token ids are written (cheap, and all a crash can lose is KV
+that can be recomputed); at shutdown every warm session is written again with its KV pages. The
+writes run on a writer thread of their own, off every request's path, and a session's file goes
+when the pool drops it.
 
 Restoring, before the server takes requests: the newest sessions first, up to --kv-sessions.
-TVM's checkpoint import empties the cache it imports into, so one session (the newest with KV)
-comes back by import, exactly as it was; the others are re-prefilled from their saved ids once,
-at startup. A model whose cache TVM cannot export (sliding-window layers: Gemma 3) saves ids only,
-and all its sessions are re-prefilled at startup.
+TVM's checkpoint import empties the cache it imports into, so one session (the newest saved with
+its KV) comes back by import, exactly as it was; the others are re-prefilled from their ids once,
+at startup, in the chunks a cold run uses (so they are exact too). A model whose cache TVM cannot
+export (sliding-window layers: Gemma 3) saves ids only, and all its sessions are re-prefilled.
 """
 
 from __future__ import annotations
@@ -33,18 +33,27 @@ class SessionFiles:
         self.root, self.bundle_id = root, bundle_id
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="goinfer-sessions")
 
-    def save(self, pool: KVPool, seq: Seq) -> None:
-        """(scheduler thread) Snapshot `seq` and queue its file; nothing if it has not grown."""
-        if len(seq.tokens) <= seq.saved:
+    def save(self, pool: KVPool, seq: Seq, with_kv: bool = False) -> None:
+        """(scheduler thread) Queue `seq`'s file: its ids, and its KV with `with_kv` (at shutdown
+        only: exporting splits the sequence, see KVPool.export). Nothing if it has not grown."""
+        if len(seq.tokens) <= seq.saved and not with_kv:
             return
-        try:
-            kv = pool.export(seq)
-        except Exception as e:  # a session not saved must not fail the requests around it
-            log.warning("could not export session %s: %s", seq.key, e)
-            kv = None
-        saved = store.SavedSession(seq.key, list(seq.tokens), seq.last_used, *(kv or (None, [])))
+        kv = None
+        if with_kv:
+            try:
+                kv = pool.export(seq)
+            except Exception as e:  # a session not saved must not fail anything around it
+                log.warning("could not export session %s: %s", seq.key, e)
+        meta, groups = kv or (None, [])
+        saved = store.SavedSession(seq.key, list(seq.tokens), seq.last_used, seq.exact, meta, tuple(groups))
         seq.saved = len(seq.tokens)
         self._writer.submit(self._write, saved)
+
+    def save_all(self, pool: KVPool) -> None:
+        """(after the scheduler stopped) Every warm session, with its KV; sequence 0 first, as the
+        others' exports go through it."""
+        for seq in sorted((s for s in pool.seqs.values() if not s.busy), key=lambda s: s.id != 0):
+            self.save(pool, seq, with_kv=True)
 
     def _write(self, saved: store.SavedSession) -> None:
         try:
@@ -88,11 +97,12 @@ class SessionFiles:
             if not sched.pool.make_room(sched.pool.pages_for(Seq(-1), len(s.tokens)) + 1):
                 break  # the rest would not fit the cache
             seq = sched.pool.new_warm(s.key, s.last_used)
-            for at in range(0, len(s.tokens), sched.chunk):
+            for at in range(0, len(s.tokens), sched.chunk):  # a cold run's chunks: exact
                 piece = s.tokens[at : at + sched.chunk]
                 sched.model.run(sched.pool.kv, [seq.id], [piece])
                 seq.tokens.extend(piece)
             seq.busy, seq.saved = False, len(seq.tokens)
+            seq.exact = len(seq.tokens) - len(seq.tokens) % sched.chunk
             refed += 1
         log.info(
             "restored %d sessions from %s in %.1fs (%d by KV import, %d re-prefilled)",

@@ -7,7 +7,8 @@ A session file holds a warm sequence's token ids and, where TVM can export it, i
     | token ids (int32 x n) | each KV group's bytes, in order | sha256 of all before (32 bytes)
 
 The header names the bundle (its header sha256, which commits to every blob), the token count,
-when the session was last used, and the KV checkpoint's metadata (null when only ids are kept).
+when the session was last used, how many leading tokens are exact (as a cold run computes them:
+KVPool), and the KV checkpoint's metadata (null when only ids are kept).
 A file is written to a temporary name, flushed to disk and renamed over the old one, so a crash
 leaves the old file or the new one, never half of one. On reading, anything that is not exactly
 such a file for this bundle (torn, truncated, edited, another bundle's, another format) is
@@ -39,6 +40,7 @@ class SavedSession:
     key: str  # the file's stem: stable across the turns of one conversation
     tokens: list[int]
     last_used: float  # wall-clock seconds
+    exact: int = 0  # leading tokens computed as a cold run computes them (Seq.exact)
     kv_metadata: str | None = None  # TVM's checkpoint JSON; None: ids only (re-prefilled)
     kv_groups: tuple[np.ndarray, ...] = ()  # one array per group, as the metadata describes
 
@@ -56,6 +58,7 @@ def save(root: str | Path, bundle_id: str, s: SavedSession) -> Path:
             "bundle": bundle_id,
             "tokens": len(s.tokens),
             "last_used": s.last_used,
+            "exact": s.exact if s.kv_metadata is not None else 0,
             "kv": s.kv_metadata,
             "groups": [[str(g.dtype), list(g.shape)] for g in s.kv_groups],
         }
@@ -95,6 +98,7 @@ def load(path: str | Path, bundle_id: str) -> SavedSession:
             raise SessionFileError("written for another bundle")
         at = start + n
         count = int(header["tokens"])
+        last_used, exact = float(header["last_used"]), int(header["exact"])
         tokens = np.frombuffer(body, np.int32, count, at).tolist()
         at += 4 * count
         groups = []
@@ -108,7 +112,7 @@ def load(path: str | Path, bundle_id: str) -> SavedSession:
         raise SessionFileError(f"malformed header or body ({e})") from None
     if at != len(body):
         raise SessionFileError(f"{len(body) - at} bytes past the described content")
-    return SavedSession(Path(path).stem, tokens, float(header["last_used"]), header["kv"], tuple(groups))
+    return SavedSession(Path(path).stem, tokens, last_used, exact, header["kv"], tuple(groups))
 
 
 def remove(root: str | Path, bundle_id: str, key: str) -> None:

@@ -21,6 +21,11 @@ CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength":
 WEATHER = {"name": "get_weather", "description": "Get the current weather in a city", "input_schema": CITY}
 
 
+def _prompt(usage) -> int:
+    """An Anthropic reply's whole prompt: the uncached input tokens and those read from cache."""
+    return usage.input_tokens + (usage.cache_read_input_tokens or 0)
+
+
 @pytest.fixture(scope="module")
 def url(real_bundle) -> Iterator[str]:
     with serving(NAME, real_bundle("qwen2.5-coder-0.5b", "gguf"), KEY) as u:
@@ -52,7 +57,7 @@ def test_messages_create_stream_and_count(claude):
         final = s.get_final_message()
     assert streamed == text and final.usage.output_tokens == m.usage.output_tokens
     counted = claude.messages.count_tokens(model=NAME, messages=ASK, system="You are terse.")
-    assert counted.input_tokens == m.usage.input_tokens
+    assert counted.input_tokens == _prompt(m.usage)
 
 
 def test_messages_stop_sequences(claude):
@@ -74,7 +79,8 @@ def test_messages_forced_tool_use_then_result(claude):
     turn = [*ask, {"role": "assistant", "content": m.content}, {"role": "user", "content": [result]}]
     answer = claude.messages.create(model=NAME, max_tokens=80, messages=turn, tools=[WEATHER], **GREEDY)
     assert answer.stop_reason in ("end_turn", "tool_use", "max_tokens") and answer.content
-    assert answer.usage.input_tokens > m.usage.input_tokens  # the call and its result were in the prompt
+    # the call and its result were in the prompt (input_tokens counts the uncached part, as Anthropic's)
+    assert _prompt(answer.usage) > _prompt(m.usage)
 
 
 def test_messages_role_400_and_auth_401(url, claude):

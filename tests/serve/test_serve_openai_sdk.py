@@ -28,9 +28,7 @@ def bundle(real_bundle):
 
 @pytest.fixture(scope="module")
 def server(bundle) -> Iterator[str]:
-    # No prefix reuse: replies are checked token for token against this process's one-shot
-    # prefill, and a reused prefix is only equal to float tolerance (README, "Prompt-prefix reuse").
-    with serving(NAME, bundle, KEY, "--max-queue", "4", "--kv-sessions", "0") as url:
+    with serving(NAME, bundle, KEY, "--max-queue", "4") as url:
         yield f"{url}/v1"
 
 
