@@ -234,7 +234,7 @@ def generate(
 )
 @click.option(
     "--prefill-chunk",
-    default=512,
+    default=256,  # runtime.model.DEFAULT_PREFILL_CHUNK (not imported: it would load TVM at startup)
     show_default=True,
     type=click.IntRange(min=1),
     help="prompt tokens a scheduler step: a long prompt holds running generations up this long at most",

@@ -20,8 +20,10 @@ pytestmark = pytest.mark.slow
 GOLDENS = Path(__file__).resolve().parents[1] / "goldens"
 MODELS = ("qwen2.5-coder-0.5b", "gemma-3-270m", "smollm2-135m")
 TIE = 0.5  # nats between llama.cpp's top token and ours where we part (its own 8-bit rounding moves ~0.4)
-# gguf, measured: 96/96 (qwen), 63/96 (gemma: parts at gaps 0.02 and 0.07), 77/96 (smollm).
-GGUF_AGREEMENT = 0.6
+# gguf, measured: 96/96 (qwen), 63/96 (gemma: parts at gaps 0.02 and 0.07), 77/96 (smollm); with
+# the KV cache in float16 (the default since issue 21) smollm 55/96, parting at gaps 0.005, 0.061 and
+# 0.148 (one early near-tie costs a whole continuation; its perplexity moved +0.15% on the 0.5B).
+GGUF_AGREEMENT = 0.55
 # gguf's worst |log-prob difference| on llama.cpp's top-3 first tokens: measured 0.13 (qwen), 0.18
 # (gemma), 0.28 (smollm); int8's was 0.21, 0.35 and 0.72.
 MAX_LOGPROB_GAP = 0.4

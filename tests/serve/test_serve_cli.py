@@ -125,3 +125,13 @@ def test_model_specs_are_named_by_zoo_name_or_stem() -> None:
         ("x", "/m/a.gguf"),
         ("b", "/m/b.giw"),
     ]
+
+
+def test_the_prefill_chunk_default_is_the_runtimes() -> None:
+    """The CLI spells the default out (importing the runtime would load TVM at startup); a
+    different one would make the server's replies differ from `goinfer generate`'s."""
+    from goinfer.cli.main import serve
+    from goinfer.runtime.model import DEFAULT_PREFILL_CHUNK
+
+    option = next(p for p in serve.params if p.name == "prefill_chunk")
+    assert option.default == DEFAULT_PREFILL_CHUNK
