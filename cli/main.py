@@ -234,10 +234,18 @@ def generate(
 )
 @click.option(
     "--prefill-chunk",
-    default=256,  # runtime.model.DEFAULT_PREFILL_CHUNK (not imported: it would load TVM at startup)
+    default=128,  # runtime.model.DEFAULT_PREFILL_CHUNK (not imported: it would load TVM at startup)
     show_default=True,
     type=click.IntRange(min=1),
     help="prompt tokens a scheduler step: a long prompt holds running generations up this long at most",
+)
+@click.option(
+    "--prefix-reuse",
+    default="exact",
+    show_default=True,
+    type=click.Choice(["exact", "longest"]),
+    help="exact: reuse whole prefill chunks only, replies bit-equal to a cold run's; longest: the "
+    "whole shared prefix, faster turns, equal to float rounding",
 )
 @click.option(
     "--cpu-batch",
@@ -273,6 +281,7 @@ def serve(
     kv_sessions: int,
     session_dir: str | None,
     prefill_chunk: int,
+    prefix_reuse: str,
     cpu_batch: str,
     ctx: int,
     kv_tokens: int,
@@ -306,6 +315,7 @@ def serve(
             max_concurrent=max_concurrent,
             kv_sessions=kv_sessions,
             prefill_chunk=prefill_chunk,
+            prefix_reuse=prefix_reuse,
             batch=cpu_batch,
             kv_tokens=kv_tokens,
             context=ctx,

@@ -11,6 +11,10 @@ the prompt then runs in the very chunks a cold run has, against the very KV it w
 logits are a cold run's, bit for bit. (A decode step, or a chunk cut short, computes a token with
 other kernels or another split of its history: equal to float rounding only, so never reused.)
 
+With `exact_only` False (--prefix-reuse longest) the whole shared prefix is reused instead, as
+llama-server does: the rest of the prompt then starts mid-chunk, and its logits equal a cold run's
+to float rounding only (a greedy near-tie can go the other way).
+
 A new prompt takes over the warm sequence sharing its longest such prefix and pops the tail it
 does not share (the reply, the last partial chunk: neither is reusable anyway). Sequences are
 never forked from one another: TVM attends a forked sequence block by block and merges the parts,
@@ -55,9 +59,9 @@ def common_prefix(a: list[int], b: np.ndarray) -> int:
 
 
 class KVPool:
-    def __init__(self, kv, page_size: int, warm_limit: int, chunk: int):
+    def __init__(self, kv, page_size: int, warm_limit: int, chunk: int, exact_only: bool = True):
         self.kv, self.page_size, self.chunk = kv, page_size, chunk
-        self.warm_limit = warm_limit
+        self.warm_limit, self.exact_only = warm_limit, exact_only
         self.seqs: dict[int, Seq] = {}
         self._ids = itertools.count(1)  # 0 stays free: TVM's checkpoints go through it
         self.on_drop: Callable[[Seq], None] = lambda seq: None
@@ -67,8 +71,11 @@ class KVPool:
         """A sequence for `prompt`, owned by the caller, holding its first `reused` tokens."""
         want = np.asarray(prompt, np.int64)
 
-        def reusable(seq: Seq) -> int:  # whole cold chunks, and never the last prompt token
-            n = min(common_prefix(seq.tokens, want), len(prompt) - 1, seq.exact)
+        def reusable(seq: Seq) -> int:  # never the last prompt token; exact: whole cold chunks
+            n = min(common_prefix(seq.tokens, want), len(prompt) - 1)
+            if not self.exact_only:
+                return n
+            n = min(n, seq.exact)
             return n - n % self.chunk
 
         cands = [(reusable(s), s) for s in self.seqs.values() if not s.busy]
@@ -77,7 +84,8 @@ class KVPool:
             return self._new([]), 0
         rt.pop_tokens(self.kv, best.id, len(best.tokens) - best_len)
         del best.tokens[best_len:]
-        best.busy, best.exact = True, best_len
+        exact = min(best.exact, best_len)
+        best.busy, best.exact = True, exact - exact % self.chunk
         return best, best_len
 
     def _new(self, tokens: list[int]) -> Seq:

@@ -53,7 +53,7 @@ def tokenizer_json(bundle: giw.Bundle, m: Manifest) -> str:
 # Prompt tokens a forward, wherever a prompt is fed (Model.prefill, the server's scheduler): a
 # reused prefix is exact only where it ends at a chunk boundary a cold run also has
 # (runtime/kv_pool.py), and one size everywhere makes the CLI's reply the server's.
-DEFAULT_PREFILL_CHUNK = 256
+DEFAULT_PREFILL_CHUNK = 128
 
 # prefill_logits hands back at most this many bytes of logits a chunk: every position's logits of a
 # long prompt at once would be tokens x vocab floats (6 GB for 10k tokens of Qwen's 152k vocabulary).

@@ -72,6 +72,7 @@ class SchedulerConfig:
     kv_tokens: int = 0  # the cache's capacity in tokens, all sequences together (0: the window)
     context: int = 0  # caps the model's context window (0: the bundle's)
     session_dir: str | None = None  # warm sessions persisted here and restored at start
+    prefix_reuse: str = "exact"  # "exact": whole cold chunks only (bit-exact) | "longest" (kv_pool.py)
 
 
 class _Job:
@@ -128,7 +129,7 @@ class Scheduler:
         self.capacity = config.kv_tokens or model.context_length
         kv = model.create_cache(max(1, config.max_concurrent), self.capacity)
         page = model.manifest.kv_cache.page_size
-        self.pool = KVPool(kv, page, config.kv_sessions, self.chunk)
+        self.pool = KVPool(kv, page, config.kv_sessions, self.chunk, config.prefix_reuse == "exact")
         self.probe: tuple[float, float] | None = None  # (two single steps, one batched step of two), s
         self.batch = config.batch == "on" or (config.batch == "auto" and self._batching_pays())
         self.sessions = (

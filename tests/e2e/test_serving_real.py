@@ -12,7 +12,7 @@ pytestmark = pytest.mark.slow
 openai = pytest.importorskip("openai")
 
 KEY, NAME = "test-key", "qwen"
-CHUNK = 256  # --prefill-chunk's default: a prompt is reused in whole chunks of it
+CHUNK = 128  # --prefill-chunk's default: a prompt is reused in whole chunks of it
 GREEDY = {"temperature": 0, "max_tokens": 24}
 USER_TURNS = ("What does the function `merge` do?", "Write one unit test for it.", "Now one for empty lists.")
 

@@ -229,3 +229,24 @@ def test_constraints_logprobs_and_seeds_stay_per_generation(model: Model) -> Non
         assert all(m.decode([t]).isdigit() for t, _lp, _top in alone[0])
     finally:
         sched.stop()
+
+
+def test_longest_prefix_reuse_takes_the_whole_shared_prefix(model: Model) -> None:
+    """--prefix-reuse longest: everything shared but the last token is reused, mid-chunk too, and
+    the reply's logits are a cold run's to float rounding."""
+    m, vocab = model, model.spec.vocab_size
+    sched = Scheduler(m, SchedulerConfig(kv_sessions=4, prefill_chunk=8, prefix_reuse="longest"))
+    cold = Scheduler(m, SchedulerConfig(kv_sessions=0, prefill_chunk=8))
+    first = _ids(vocab, 21, 7)
+    second = first + _ids(vocab, 5, 8)
+    try:
+        list(sched.generate(first, SamplingParams(temperature=0.0, max_tokens=1)))
+        events = list(sched.generate(second, SamplingParams(temperature=0.0, max_tokens=1), 5))
+        assert events[-1].timings["cached_tokens"] == len(first)  # not rounded to a chunk
+        (warm,) = [e for e in events if e.token_id is not None]
+        tok, top = _first_step(cold.generate, second)
+        assert warm.token_id == tok
+        np.testing.assert_allclose([lp for _t, lp in warm.top_logprobs], [lp for _t, lp in top], atol=1e-4)
+    finally:
+        sched.stop()
+        cold.stop()
