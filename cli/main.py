@@ -322,6 +322,7 @@ def serve(
             session_dir=session_dir,
         )
         server.check_exposure(config)  # before any model loads: a refusal costs nothing
+        server.log_to_stderr()
         context = server.ssl_context(config)
         load = _engine_loader(quant, no_selftest, engine, kv_dtype)
         engines = {}

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import threading
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
@@ -28,9 +29,16 @@ import numpy as np
 if TYPE_CHECKING:
     import llguidance
 
+log = logging.getLogger("goinfer.grammar")
+
 # Compact, fixed separators: with free whitespace a small model can pad a reply with newlines
 # until max_tokens runs out.
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# Lenient: a keyword llguidance does not implement (propertyNames, not, if/then, uniqueItems,
+# contains, dependentRequired, dependentSchemas, unevaluatedProperties, an unknown format) is
+# ignored with a warning instead of failing the schema. What it would have forbidden can then be
+# generated: the reply stays valid for the schema without that keyword.
+LENIENT_OPTIONS = {**JSON_OPTIONS, "lenient": True}
 
 
 def _llg():
@@ -44,21 +52,23 @@ class GrammarError(ValueError):
     """The schema or grammar cannot be compiled; the message says why."""
 
 
-def json_schema_grammar(schema: dict[str, Any] | bool) -> str:
-    """A JSON schema -> an llguidance grammar, not compiled yet (see `GrammarTokenizer.matcher`)."""
+def json_schema_grammar(schema: dict[str, Any] | bool, lenient: bool = False) -> str:
+    """A JSON schema -> an llguidance grammar, not compiled yet (see `GrammarTokenizer.matcher`).
+    Strict (the default), a keyword the grammar cannot enforce fails it; lenient, it is ignored."""
     if schema is True:
         schema = {}
     if not isinstance(schema, dict):
         raise GrammarError("the schema must be a JSON object")
+    options = LENIENT_OPTIONS if lenient else JSON_OPTIONS
     try:
-        return _llg().LLMatcher.grammar_from_json_schema(closed(schema), defaults=JSON_OPTIONS)
+        return _llg().LLMatcher.grammar_from_json_schema(closed(schema), defaults=options)
     except ValueError as e:
         raise GrammarError(str(e)) from None
 
 
-def compile_json_schema(schema: dict[str, Any] | bool) -> str:
+def compile_json_schema(schema: dict[str, Any] | bool, lenient: bool = False) -> str:
     """A JSON schema -> an llguidance grammar, validated without a tokenizer."""
-    return _validated(json_schema_grammar(schema))
+    return _validated(json_schema_grammar(schema, lenient))
 
 
 def closed(schema: Any, inside_all_of: bool = False) -> Any:
@@ -113,8 +123,9 @@ def lark_literal(text: str, tok: llguidance.LLTokenizer | None = None) -> str:
 
 
 def json_in_lark(schema: dict[str, Any]) -> str:
-    """A JSON schema as a lark rule body (`%json{...}`), closed (see `closed`), with our separators."""
-    return "%json" + json.dumps({**closed(schema), "x-guidance": JSON_OPTIONS}, separators=(",", ":"))
+    """A JSON schema as a lark rule body (`%json{...}`), closed (see `closed`), with our separators,
+    lenient: it is a tool's arguments (see `LENIENT_OPTIONS`)."""
+    return "%json" + json.dumps({**closed(schema), "x-guidance": LENIENT_OPTIONS}, separators=(",", ":"))
 
 
 @functools.lru_cache(maxsize=256)
@@ -122,7 +133,29 @@ def _validated(grammar: str) -> str:
     is_error, messages = _llg().LLMatcher.validate_grammar_with_warnings(grammar)
     if is_error:
         raise GrammarError(_first_line(messages[0]))
+    for message in messages:
+        for keyword in ignored_keywords(message):
+            _note_ignored(keyword)
     return grammar
+
+
+def ignored_keywords(warning: str) -> list[str]:
+    """The schema keywords a lenient compile's warning says it ignored."""
+    head, _, rest = warning.partition(":")
+    if head.strip() == "Unimplemented keys":
+        try:
+            return [str(k) for k in json.loads(rest)]
+        except ValueError:
+            return [rest.strip()]
+    if head.strip() == "Unknown format":
+        return [f"format: {rest.strip()}"]
+    return [warning.strip()]
+
+
+@functools.cache
+def _note_ignored(keyword: str) -> None:
+    """Logged once per process per keyword (cached: a second call is a no-op)."""
+    log.warning("JSON schema keyword %r is not enforced: generation ignores it (lenient schema)", keyword)
 
 
 def _first_line(message: str) -> str:

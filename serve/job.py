@@ -28,7 +28,6 @@ class Sampling:
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     max_tokens: int | None = None
-    max_tokens_field: str = "max_tokens"  # how the request spells it, for error messages
     default_max_tokens: int | None = None  # None: the rest of the context window
     stops: tuple[str, ...] = ()
     logprobs: bool = False

@@ -3,8 +3,15 @@
 A request becomes the same Job the OpenAI routes make (chat messages, tools, sampling) and runs
 through the same pipeline; only the edges differ: the request shape, the named-event stream
 (message_start, content_block_*, message_delta, message_stop, ping; no [DONE]) and the error
-envelope, which the sub-app's own error middleware answers in. thinking, cache_control and
-metadata are accepted and ignored.
+envelope, which the sub-app's own error middleware answers in.
+
+Fields that do not apply here are accepted and ignored: thinking (any type: no model here
+thinks), cache_control (prefix reuse is automatic), context_management, metadata,
+output_config.effort, the `anthropic-beta` header and `?beta=true`. Structured output
+(`output_config.format`, or the older `output_format`) takes the response_format grammar path,
+strict: a schema it cannot enforce is a 400 naming the keyword. A system message inside
+`messages` (Claude Code sends one after the first user turn) is folded into the user turn before
+it, or the system prompt when none precedes it, so every chat template can render it.
 """
 
 from __future__ import annotations
@@ -68,32 +75,55 @@ class MessagesRequest(Body):
     tool_choice: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None  # accepted, ignored
     thinking: dict[str, Any] | None = None  # accepted, ignored: no model here thinks
+    output_config: dict[str, Any] | None = None  # its format is honoured, its effort ignored
+    output_format: dict[str, Any] | None = None  # the structured-outputs beta's spelling of the format
     goinfer_confidence: bool = False
 
 
 # -- request -> chat messages ----------------------------------------------------------------------
 def chat_messages(req: MessagesRequest) -> list[dict[str, Any]]:
     """The conversation as the chat template reads it (OpenAI-shaped dicts)."""
+    system = [text_of(req.system, "system")]
     out: list[dict[str, Any]] = []
-    system = text_of(req.system, "system")
-    if system:
-        out.append({"role": "system", "content": system})
+    pending: list[str] = []  # system text met after an assistant turn, for the next user turn
     for i, m in enumerate(req.messages):
         role = m.get("role")
-        if role not in ("user", "assistant"):
+        if role not in ("user", "assistant", "system"):
             raise bad_request(
                 f"messages.{i}.role: {role!r} is not a valid role: messages alternate 'user' and 'assistant' "
                 "(the system prompt is the top-level 'system' field)",
                 param=f"messages.{i}.role",
             )
         content = m.get("content")
+        if role == "system":
+            text = text_of(content, f"messages.{i}.content")
+            if out and out[-1]["role"] == "user":
+                out[-1]["content"] = _joined(out[-1]["content"], text)
+            elif not out:
+                system.append(text)
+            else:
+                pending.append(text)
+            continue
         blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
         if not isinstance(blocks, list):
             raise bad_request(
                 f"messages.{i}.content must be a string or a list of blocks", f"messages.{i}.content"
             )
-        out.extend(_turn(role, blocks, i))
-    return out
+        turn = _turn(role, blocks, i)
+        if pending and turn[-1]["role"] == "user":
+            turn[-1]["content"] = _joined(*pending, turn[-1]["content"])
+            pending.clear()
+        out.extend(turn)
+    if pending:
+        out.append({"role": "user", "content": _joined(*pending)})
+    if not any(m["role"] in ("user", "assistant", "tool") for m in out):
+        raise bad_request("messages: at least one user message is needed", param="messages")
+    prompt = _joined(*system)
+    return [{"role": "system", "content": prompt}, *out] if prompt else out
+
+
+def _joined(*texts: str) -> str:
+    return "\n\n".join(t for t in texts if t)
 
 
 def _turn(role: str, blocks: list[Any], i: int) -> list[dict[str, Any]]:
@@ -158,6 +188,7 @@ def job(req: MessagesRequest, need_max_tokens: bool = True) -> Job:
     if req.goinfer_confidence:
         raise bad_request("goinfer_confidence is not offered on /v1/messages", param="goinfer_confidence")
     tools, choice, parallel = openai_tools(req)
+    fmt = (req.output_config or {}).get("format") or req.output_format
     sampling = Sampling(
         temperature=req.temperature,
         top_p=req.top_p,
@@ -174,7 +205,24 @@ def job(req: MessagesRequest, need_max_tokens: bool = True) -> Job:
         tools=tools,
         tool_choice=choice,
         parallel_tool_calls=parallel,
+        response_format=response_format(fmt),
     )
+
+
+def response_format(fmt: Any) -> dict[str, Any] | None:
+    """Anthropic's structured-output format -> the chat route's response_format, strict (Anthropic
+    guarantees the schema, and refuses one it cannot)."""
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+        kind = fmt.get("type") if isinstance(fmt, dict) else fmt
+        raise bad_request(
+            f"output_config.format.type {kind!r} is not 'json_schema'", "output_config.format.type"
+        )
+    return {
+        "type": "json_schema",
+        "json_schema": {"name": "output", "schema": fmt.get("schema"), "strict": True},
+    }
 
 
 @routes.post("")

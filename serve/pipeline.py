@@ -11,7 +11,9 @@ confidence) is built here in serve/, on the model's worker thread.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
@@ -32,6 +34,8 @@ from .respond import respond
 from .rules import Rules, rules_for
 from .tools import prepare_messages
 from .tools.stream import ToolDeltas
+
+log = logging.getLogger("goinfer.serve")
 
 # OpenAI's documented default where the request leaves temperature out.
 DEFAULT_TEMPERATURE = 1.0
@@ -81,7 +85,30 @@ class Plan:
             out = ToolDeltas(tools.fmt, tools.names)(out)
         if confidence is not None:
             out = with_confidence(out, steps, confidence, engine.token_text)
-        return out
+        return logged(out, self.model)
+
+
+def logged(deltas: Iterator[Delta], model: str) -> Iterator[Delta]:
+    """The deltas, and one log line per finished generation (as llama-server prints): the prompt,
+    how much of it was reused, and the time to the first output and to the end."""
+    start, first = time.perf_counter(), None
+    for d in deltas:
+        if first is None:
+            first = time.perf_counter()
+        if d.usage is not None:
+            u, end = d.usage, time.perf_counter()
+            gen_s = end - first
+            rate = (
+                f", {(u.completion_tokens - 1) / gen_s:.1f} tok/s"
+                if u.completion_tokens > 1 and gen_s
+                else ""
+            )
+            log.info(
+                "%s: prompt %d tokens (%d reused), first output after %.2f s; %d generated in %.2f s%s (%s)",
+                model, u.prompt_tokens, u.cached_tokens, first - start, u.completion_tokens, end - start,
+                rate, d.finish_reason,
+            )  # fmt: skip
+        yield d
 
 
 async def run(request: web.Request, job: Job) -> web.StreamResponse:
@@ -127,7 +154,7 @@ async def _tokenized(slot: ModelSlot, fn: Callable[[], list[int]]) -> list[int]:
 
 
 def make_plan(job: Job, prompt: Prompt) -> Plan:
-    """Check the prompt and budget against the window; fill the defaults."""
+    """Check the prompt against the window, clamp the budget to it; fill the defaults."""
     s, name, n = job.sampling, prompt.slot.name, len(prompt.ids)
     window = prompt.slot.engine.info.context_window
     if n >= window:
@@ -137,13 +164,10 @@ def make_plan(job: Job, prompt: Prompt) -> Plan:
             param=job.prompt_field,
             code="context_length_exceeded",
         )
-    if s.max_tokens is not None and s.max_tokens > window:
-        raise bad_request(
-            f"{s.max_tokens_field}={s.max_tokens} is over the context window of {window} tokens "
-            f"for model {name!r}",
-            param=s.max_tokens_field,
-        )
-    default = window - n if s.default_max_tokens is None else s.default_max_tokens
+    # A budget past what the window leaves is clamped, as llama.cpp does: the reply ends with
+    # finish_reason "length" at the window (agents ask for 32000 whatever the model).
+    room = window - n
+    default = room if s.default_max_tokens is None else min(s.default_max_tokens, room)
     params = SamplingParams(
         temperature=DEFAULT_TEMPERATURE if s.temperature is None else s.temperature,
         top_k=s.top_k or 0,
@@ -152,7 +176,7 @@ def make_plan(job: Job, prompt: Prompt) -> Plan:
         seed=s.seed,
         frequency_penalty=s.frequency_penalty or 0.0,
         presence_penalty=s.presence_penalty or 0.0,
-        max_tokens=s.max_tokens if s.max_tokens is not None else default,  # generate also stops at the window
+        max_tokens=min(s.max_tokens, room) if s.max_tokens is not None else default,
     )
     rules, constraint = prompt.rules, prompt.constraint
     return Plan(name, prompt.ids, params, s.stops, s.logprobs, s.top_logprobs, rules, constraint)

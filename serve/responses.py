@@ -135,10 +135,8 @@ def chat_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
     if not fmt or fmt.get("type") in (None, "text"):
         return None
     if fmt.get("type") == "json_schema":
-        return {
-            "type": "json_schema",
-            "json_schema": {"name": fmt.get("name", "reply"), "schema": fmt.get("schema")},
-        }
+        spec = {"name": fmt.get("name", "reply"), "schema": fmt.get("schema"), "strict": fmt.get("strict")}
+        return {"type": "json_schema", "json_schema": spec}
     return fmt
 
 
@@ -191,9 +189,8 @@ def job(req: ResponsesRequest, store: ResponseStore) -> Job:
         return ResponseEvents(plan.model, len(plan.prompt_ids), echo, keep)
 
     sampling = Sampling(
-        temperature=req.temperature, top_p=req.top_p, seed=req.seed, max_tokens=req.max_output_tokens,
-        max_tokens_field="max_output_tokens",
-    )  # fmt: skip
+        temperature=req.temperature, top_p=req.top_p, seed=req.seed, max_tokens=req.max_output_tokens
+    )
     return Job(
         model=req.model,
         sampling=sampling,

@@ -119,17 +119,13 @@ def completion_prompt(req: CompletionRequest) -> str | list[int]:
 def openai_sampling(req: SamplingRequest) -> Sampling:
     """The knobs of /v1/chat/completions or /v1/completions."""
     if isinstance(req, ChatRequest):
-        field, asked = (
-            ("max_completion_tokens", req.max_completion_tokens)
-            if req.max_completion_tokens is not None
-            else ("max_tokens", req.max_tokens)
-        )
+        asked = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         logprobs, top, default = req.logprobs, req.top_logprobs or 0, None
         if top and not logprobs:
             raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")
     else:
         assert isinstance(req, CompletionRequest)
-        field, asked, default = "max_tokens", req.max_tokens, DEFAULT_COMPLETION_MAX_TOKENS
+        asked, default = req.max_tokens, DEFAULT_COMPLETION_MAX_TOKENS
         logprobs, top = req.logprobs is not None, req.logprobs or 0
     return Sampling(
         req.temperature,
@@ -140,7 +136,6 @@ def openai_sampling(req: SamplingRequest) -> Sampling:
         req.frequency_penalty,
         req.presence_penalty,
         asked,
-        field,
         default,
         req.stops,
         logprobs,

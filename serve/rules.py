@@ -5,7 +5,9 @@ prefill). `Rules.constraint` then compiles the one grammar a request needs, once
 tokenizer (llguidance), off the event loop.
 
 `{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}` constrains the reply to the
-schema (always enforced, strict or not); `{"type": "json_object"}` to any JSON object.
+schema, strict or not. With `strict: true` every keyword must be enforceable, else a 400 names the
+one that is not; without it the schema compiles leniently, as tools' do (runtime/grammar.py
+`LENIENT_OPTIONS`). `{"type": "json_object"}` constrains the reply to any JSON object.
 """
 
 from __future__ import annotations
@@ -103,7 +105,7 @@ def response_format(rf: dict[str, Any] | None) -> Structured | None:
     if not isinstance(schema, dict):
         raise bad_request(f"{SCHEMA_PARAM} must be a JSON schema object", param=SCHEMA_PARAM)
     try:
-        return Structured(g.json_schema_grammar(schema), schema)
+        return Structured(g.compile_json_schema(schema, lenient=spec.get("strict") is not True), schema)
     except g.GrammarError as e:
         raise _schema_error(e) from None
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import ssl
+import sys
 from collections.abc import Mapping
 
 from aiohttp import web
@@ -69,6 +71,17 @@ def warnings(config: ServeConfig) -> list[str]:
             "(pass --tls-cert/--tls-key or put a TLS proxy in front)"
         )
     return out
+
+
+def log_to_stderr() -> None:
+    """goinfer's own log lines (one per finished request, loads, warnings) on stderr, timestamped;
+    other libraries' stay at Python's default (warnings only)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+    root = logging.getLogger("goinfer")
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    root.propagate = False
 
 
 def run(app: web.Application, config: ServeConfig, context: ssl.SSLContext | None) -> None:

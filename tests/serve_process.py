@@ -19,11 +19,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_healthy(proc: subprocess.Popen, url: str, key: str, timeout: float = 180.0) -> None:
+def wait_healthy(
+    proc: subprocess.Popen, url: str, key: str, timeout: float = 180.0, log: Path | None = None
+) -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if proc.poll() is not None:
-            out = proc.stdout.read() if proc.stdout else ""
+            out = log.read_text() if log is not None else proc.stdout.read() if proc.stdout else ""
             raise AssertionError(f"goinfer serve exited with {proc.returncode}: {out}")
         try:
             req = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"})
@@ -36,15 +38,18 @@ def wait_healthy(proc: subprocess.Popen, url: str, key: str, timeout: float = 18
 
 
 @contextlib.contextmanager
-def serving(name: str, bundle: Path, key: str, *extra: str) -> Iterator[str]:
-    """Yields the server's base URL (http://127.0.0.1:PORT); the process ends with the block."""
+def serving(name: str, bundle: Path, key: str, *extra: str, log: Path | None = None) -> Iterator[str]:
+    """Yields the server's base URL (http://127.0.0.1:PORT); the process ends with the block.
+    Its output goes to `log` when given (a pipe nobody reads would fill and stall the server)."""
     port = free_port()
     cmd = [sys.executable, "-m", "goinfer.cli.main", "serve", "--model", f"{name}={bundle}"]
     cmd += ["--addr", f"127.0.0.1:{port}", "--api-key", key, *extra]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=os.environ)
-    try:
-        wait_healthy(proc, f"http://127.0.0.1:{port}/health", key)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    with contextlib.ExitStack() as stack:
+        out = stack.enter_context(log.open("w")) if log is not None else subprocess.PIPE
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, text=True, env=os.environ)
+        try:
+            wait_healthy(proc, f"http://127.0.0.1:{port}/health", key, log=log)
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)

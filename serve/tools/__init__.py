@@ -7,7 +7,11 @@
   earlier calls and results replayed as `<tool_call>` / `<tool_response>` text.
 - `ToolPlan.constraint` is the grammar mask, compiled once with the model's tokenizer: a named tool
   or `required` is constrained from the first token; `auto` from the moment the model writes the
-  opener, so prose decodes untouched. A schema llguidance cannot compile is a 400 naming the tool.
+  opener, so prose decodes untouched.
+- Argument schemas compile leniently (runtime/grammar.py `LENIENT_OPTIONS`): a keyword the grammar
+  cannot enforce (propertyNames, if/then, ...) is ignored and logged once, never a 400, as the
+  upstream APIs accept such schemas. A schema that cannot be compiled at all (an external $ref) is
+  a 400 naming the tool.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from typing import Any
 
 from goinfer.runtime import grammar as g
 
-from ..errors import APIError, bad_request
+from ..errors import bad_request
 from . import hermes, llama3, mistral
 from .base import Call, CallFormat, Tool, bare_call_end
 
@@ -62,15 +66,14 @@ class ToolPlan:
         """The call grammar compiled once, with the tokenizer (tags that are special tokens match
         as those tokens). Blocking: the tokenizer may still be building."""
         llg = tok.get()
+        for i, t in enumerate(self.tools):  # every tool shown, callable or not: same rule
+            self._check_schema(i, t)
         called = [t for t in self.tools if t.name == self.named] if self.named else list(self.tools)
         lark = self.fmt.call_grammar(called, self.parallel and not self.named, llg)
         try:
             matcher = tok.matcher(lark)
         except g.GrammarError as e:
-            raise self._refusal(e) from None
-        for i, t in enumerate(self.tools):
-            if self.named and t.name != self.named:  # shown to the model, not callable: same rule
-                self._check_schema(i, t)
+            raise bad_request(f"tools: the call grammar cannot be built: {e}", param="tools") from None
 
         def body() -> g.GrammarConstraint:
             return g.GrammarConstraint(matcher, tok.vocab_size)
@@ -79,16 +82,12 @@ class ToolPlan:
             return g.TriggeredConstraint(self.fmt.opener, body, token_text)
         return g.PrefixedConstraint(llg.tokenize_str(self.fmt.opener), body(), tok.vocab_size)
 
-    def _refusal(self, e: g.GrammarError) -> APIError:
-        """The 400 for a call grammar that did not compile: the first tool whose schema is at fault."""
-        for i, t in enumerate(self.tools):
-            self._check_schema(i, t)
-        return bad_request(f"tools: the call grammar cannot be built: {e}", param="tools")
-
     @staticmethod
     def _check_schema(i: int, t: Tool) -> None:
+        """A 400 naming the tool for a schema that cannot be compiled even leniently (cached per
+        schema; logs each ignored keyword once)."""
         try:
-            g.compile_json_schema(t.parameters)
+            g.compile_json_schema(t.parameters, lenient=True)
         except g.GrammarError as e:
             what = f"tools.{i}.function.parameters"
             raise bad_request(f"{what} is not a usable JSON schema: {e}", param=what) from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -84,7 +85,7 @@ async def test_stop_sequences(aiohttp_client):
 @pytest.mark.parametrize(
     ("payload", "status", "kind", "needle"),
     [
-        (body(messages=[{"role": "system", "content": "x"}, *HI]), 400, "invalid_request_error", "'system'"),
+        (body(messages=[{"role": "system", "content": "x"}]), 400, "invalid_request_error", "user message"),
         (body(messages=[{"role": "developer", "content": "x"}]), 400, "invalid_request_error", "'developer'"),
         (body(messages=[{"role": "user", "content": [{"type": "image", "source": {}}]}]), 400,
          "invalid_request_error", "vision"),
@@ -160,6 +161,52 @@ async def test_prose_before_a_call_is_its_own_text_block(aiohttp_client):
     assert m["content"][1]["input"] == {"city": "Oslo"} and m["stop_reason"] == "tool_use"
 
 
+async def test_a_system_message_inside_messages_is_folded_into_a_user_turn(aiohttp_client):
+    """Claude Code sends one after the first user turn; every chat template can render the fold."""
+    engine = ScriptedEngine(context_window=4096)
+    client = await client_for(aiohttp_client, engine)
+    parts = [{"type": "text", "text": "a"}]
+    turns = [{"role": "system", "content": "first"}, *HI, {"role": "system", "content": parts},
+             {"role": "assistant", "content": "ok"}, {"role": "system", "content": "late"},
+             {"role": "user", "content": "go"}]  # fmt: skip
+    await message(await client.post("/v1/messages", json=body(system="top", messages=turns)))
+    assert engine.messages == [
+        {"role": "system", "content": "top\n\nfirst"},
+        {"role": "user", "content": "hi\n\na"},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "late\n\ngo"},
+    ]
+
+
+async def test_newer_fields_are_accepted_and_max_tokens_is_clamped_to_the_window(aiohttp_client):
+    engine = ScriptedEngine(context_window=4096)
+    client = await client_for(aiohttp_client, engine)
+    edits = {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}
+    extra = {"thinking": {"type": "adaptive"}, "context_management": edits,
+             "output_config": {"effort": "high"}, "metadata": {}, "max_tokens": 32000}  # fmt: skip
+    headers = {**HEADERS, "anthropic-beta": "claude-code-20250219,context-management-2025-06-27"}
+    r = await client.post("/v1/messages?beta=true", json=body(**extra), headers=headers)
+    assert (await message(r))["stop_reason"] == "end_turn"
+    assert engine.params[-1].max_tokens == 4096 - len(render(HI))
+
+
+async def test_output_config_format_is_structured_output_and_strict(aiohttp_client):
+    engine = GrammarEngine('{"city": "Oslo"}')
+    client = await client_for(aiohttp_client, engine)
+    fmt = {"type": "json_schema", "schema": CITY}
+    m = await message(
+        await client.post("/v1/messages", json=body(output_config={"format": fmt}, temperature=0))
+    )
+    assert json.loads(m["content"][0]["text"]) == {"city": "Oslo"} and engine.constrained[-1]
+    m = await message(await client.post("/v1/messages", json=body(output_format=fmt, temperature=0)))
+    assert json.loads(m["content"][0]["text"]) == {"city": "Oslo"}
+    loose = {"type": "json_schema", "schema": {**CITY, "propertyNames": {"maxLength": 4}}}
+    r = await client.post("/v1/messages", json=body(output_config={"format": loose}))
+    assert (
+        r.status == 400 and "propertyNames" in sdk_models.anthropic_error(await r.json())["error"]["message"]
+    )
+
+
 async def test_the_anthropic_sdk_round_trips(aiohttp_client):
     anthropic = pytest.importorskip("anthropic")
     client = await client_for(aiohttp_client, api_key="k")
@@ -170,8 +217,8 @@ async def test_the_anthropic_sdk_round_trips(aiohttp_client):
         text = "".join([t async for t in s.text_stream])
     assert text == "Hello world!"
     assert (await sdk.messages.count_tokens(model="fake", messages=HI)).input_tokens == len(render(HI))
-    with pytest.raises(anthropic.BadRequestError, match="'system'"):
-        await sdk.messages.create(model="fake", max_tokens=8, messages=[{"role": "system", "content": "x"}])
+    with pytest.raises(anthropic.BadRequestError, match="'tool'"):
+        await sdk.messages.create(model="fake", max_tokens=8, messages=[{"role": "tool", "content": "x"}])
     wrong = anthropic.AsyncAnthropic(base_url=str(client.make_url("")), api_key="bad", max_retries=0)
     with pytest.raises(anthropic.AuthenticationError):
         await wrong.messages.create(model="fake", max_tokens=8, messages=HI)

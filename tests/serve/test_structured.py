@@ -104,6 +104,10 @@ async def test_json_object_and_max_tokens_cut(aiohttp_client):
         ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
             "type": "string", "pattern": "(["}}}}, "response_format.json_schema.schema"),
         ({"response_format": {"type": "xml"}}, "response_format.type"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "strict": True, "schema": {
+            "type": "object", "propertyNames": {"maxLength": 3}}}}}, "response_format.json_schema.schema"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+            "$ref": "https://example.com/remote.json"}}}]}, "tools.0.function.parameters"),
         ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
          "tool_choice"),
         ({"tool_choice": "required"}, "tool_choice"),
@@ -122,6 +126,35 @@ async def test_bad_schemas_and_tools_are_400_before_prefill(aiohttp_client, body
     assert status == 400, reply
     assert reply["error"]["param"] == param and reply["error"]["message"]
     assert engine.params == []  # refused before anything ran
+
+
+LOOSE = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+         "required": ["city"], "propertyNames": {"maxLength": 8},
+         "if": {"required": ["city"]}, "then": {"minProperties": 1}}  # fmt: skip
+
+
+@pytest.mark.parametrize("where", ["tools", "response_format"])
+async def test_keywords_the_grammar_cannot_enforce_are_ignored_and_logged_once(aiohttp_client, caplog, where):
+    """Tools and non-strict formats compile leniently, as the upstream APIs accept such schemas
+    (Claude Code's use propertyNames); the reply is valid for the schema without those keywords."""
+    from goinfer.runtime import grammar
+
+    grammar._validated.cache_clear()  # a fresh process, as far as the log is concerned
+    grammar._note_ignored.cache_clear()
+    loose = {"type": "function", "function": {"name": "where", "parameters": LOOSE}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": LOOSE}}
+    body = {"tools": [loose], "tool_choice": "required"} if where == "tools" else {"response_format": fmt}
+    script = '{"city": "Oslo"}' if where == "response_format" else _call_script("where", {"city": "Oslo"})
+    client = await client_for(aiohttp_client, GrammarEngine(script))
+    with caplog.at_level("WARNING", logger="goinfer.grammar"):
+        for _ in range(2):
+            status, reply = await post(client, {**body, "temperature": 0})
+            assert status == 200, reply
+    message = reply["choices"][0]["message"]
+    args = message["tool_calls"][0]["function"]["arguments"] if where == "tools" else message["content"]
+    assert json.loads(args) == {"city": "Oslo"}
+    ignored = sorted(r.getMessage().split("'")[1] for r in caplog.records)
+    assert ignored == ["if", "propertyNames", "then"]  # each once, over both requests
 
 
 def _call_script(name: str, args: dict[str, Any], prose: str = "") -> str:
@@ -147,8 +180,8 @@ NAMED = {"type": "function", "function": {"name": "get_time"}}
 
 @pytest.mark.parametrize("choice", ["auto", "required", NAMED])
 async def test_a_tools_request_compiles_its_grammar_once(aiohttp_client, monkeypatch, choice):
-    """Once, with the model's tokenizer, before the prefill; checked without it only where a named
-    tool leaves others out of the grammar (their schemas are still held to the same rule)."""
+    """Once, with the model's tokenizer, before the prefill; each tool's schema is also checked
+    without it (leniently, cached), called or not, so a refusal names the tool at fault."""
     import llguidance
     from goinfer.runtime import grammar
 
@@ -174,7 +207,7 @@ async def test_a_tools_request_compiles_its_grammar_once(aiohttp_client, monkeyp
     status, reply = await post(client, {"tools": [WEATHER, TIME], "tool_choice": choice, "temperature": 0})
     assert status == 200 and reply["choices"][0]["finish_reason"] == "tool_calls"
     assert len(built) == 1 and engine.constrained == [True]
-    assert checked == (["compile_json_schema"] if choice is NAMED else [])  # WEATHER's, left out
+    assert checked == ["compile_json_schema"] * 2  # WEATHER's and TIME's
 
 
 async def test_required_calls_one_of_the_tools_with_valid_arguments(aiohttp_client):
