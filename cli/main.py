@@ -263,6 +263,34 @@ def generate(
     type=click.IntRange(min=0),
     help="KV cache capacity in tokens, all sequences together (0: the context window)",
 )
+@click.option(
+    "--temp",
+    default=1.0,
+    show_default=True,
+    type=click.FloatRange(0, 2),
+    help="temperature for requests that set none (Claude Code sends none)",
+)
+@click.option(
+    "--top-p",
+    default=1.0,
+    show_default=True,
+    type=click.FloatRange(0, 1),
+    help="top_p for requests that set none",
+)
+@click.option(
+    "--top-k",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="top_k for requests that set none",
+)
+@click.option(
+    "--min-p",
+    default=0.0,
+    show_default=True,
+    type=click.FloatRange(0, 1),
+    help="min_p for requests that set none",
+)
 @click.option("--quant", default="gguf", show_default=True, help="used only when a model must be built")
 @kv_dtype_option
 @click.option("--no-selftest", is_flag=True, help="skip the startup kernel self-test")
@@ -285,6 +313,10 @@ def serve(
     cpu_batch: str,
     ctx: int,
     kv_tokens: int,
+    temp: float,
+    top_p: float,
+    top_k: int,
+    min_p: float,
     quant: str,
     kv_dtype: str,
     no_selftest: bool,
@@ -293,7 +325,7 @@ def serve(
     from goinfer.runtime.scheduler import SchedulerConfig
     from goinfer.serve import server
     from goinfer.serve.app import create_app
-    from goinfer.serve.config import ServeConfig, parse_addr
+    from goinfer.serve.config import SamplingDefaults, ServeConfig, parse_addr
     from goinfer.serve.keys import CAPS
 
     try:
@@ -310,6 +342,7 @@ def serve(
             tls_key=tls_key,
             responses_store=responses_store,
             max_concurrent=max_concurrent,
+            sampling=SamplingDefaults(temp, top_p, top_k, min_p),
         )
         engine = SchedulerConfig(
             max_concurrent=max_concurrent,

@@ -140,22 +140,22 @@ def _validated(grammar: str) -> str:
 
 
 def ignored_keywords(warning: str) -> list[str]:
-    """The schema keywords a lenient compile's warning says it ignored."""
+    """What a lenient compile's warning says it ignored: each keyword, or the warning itself."""
     head, _, rest = warning.partition(":")
     if head.strip() == "Unimplemented keys":
         try:
-            return [str(k) for k in json.loads(rest)]
+            return [f"keyword {k!r}" for k in json.loads(rest)]
         except ValueError:
-            return [rest.strip()]
+            pass
     if head.strip() == "Unknown format":
-        return [f"format: {rest.strip()}"]
+        return [f"format {rest.strip()!r}"]
     return [warning.strip()]
 
 
 @functools.cache
-def _note_ignored(keyword: str) -> None:
+def _note_ignored(what: str) -> None:
     """Logged once per process per keyword (cached: a second call is a no-op)."""
-    log.warning("JSON schema keyword %r is not enforced: generation ignores it (lenient schema)", keyword)
+    log.warning("JSON schema %s is not enforced: generation ignores it (lenient schema)", what)
 
 
 def _first_line(message: str) -> str:

@@ -31,6 +31,18 @@ class BodyCaps:
 
 
 @dataclass(frozen=True)
+class SamplingDefaults:
+    """What a request that leaves a knob out gets (`serve --temp/--top-p/--top-k/--min-p`, as
+    llama-server's); by default the APIs' own: temperature 1, no filters. A harness that sends no
+    sampling settings (Claude Code) gets exactly these."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+
+
+@dataclass(frozen=True)
 class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 8080
@@ -46,6 +58,7 @@ class ServeConfig:
     poll_s: float = 0.25  # how often a waiting request checks that its client is still there
     retry_after_s: int = 1  # the Retry-After a 429 carries
     responses_store: int = 256  # stored /v1/responses kept for previous_response_id, oldest dropped
+    sampling: SamplingDefaults = SamplingDefaults()
 
     @property
     def tls(self) -> bool:

@@ -9,9 +9,13 @@ Fields that do not apply here are accepted and ignored: thinking (any type: no m
 thinks), cache_control (prefix reuse is automatic), context_management, metadata,
 output_config.effort, the `anthropic-beta` header and `?beta=true`. Structured output
 (`output_config.format`, or the older `output_format`) takes the response_format grammar path,
-strict: a schema it cannot enforce is a 400 naming the keyword. A system message inside
-`messages` (Claude Code sends one after the first user turn) is folded into the user turn before
-it, or the system prompt when none precedes it, so every chat template can render it.
+strict: a schema it cannot enforce is a 400 naming the keyword.
+
+`messages` holds user and assistant turns, as upstream; a system message there is a 400 unless the
+request opts in with the `mid-conversation-system-*` beta, as Claude Code does. It is then folded
+into a user turn, ahead of its text, so every chat template can render it and the user's words
+stay last before the reply: the turn it follows, else the next one, or the system prompt when it
+comes first.
 """
 
 from __future__ import annotations
@@ -81,24 +85,28 @@ class MessagesRequest(Body):
 
 
 # -- request -> chat messages ----------------------------------------------------------------------
-def chat_messages(req: MessagesRequest) -> list[dict[str, Any]]:
+SYSTEM_TURNS_BETA = "mid-conversation-system"  # anthropic-beta: mid-conversation-system-2026-04-07
+
+
+def chat_messages(req: MessagesRequest, system_turns: bool = False) -> list[dict[str, Any]]:
     """The conversation as the chat template reads it (OpenAI-shaped dicts)."""
     system = [text_of(req.system, "system")]
     out: list[dict[str, Any]] = []
     pending: list[str] = []  # system text met after an assistant turn, for the next user turn
     for i, m in enumerate(req.messages):
         role = m.get("role")
-        if role not in ("user", "assistant", "system"):
+        if role not in ("user", "assistant", "system") or (role == "system" and not system_turns):
             raise bad_request(
                 f"messages.{i}.role: {role!r} is not a valid role: messages alternate 'user' and 'assistant' "
-                "(the system prompt is the top-level 'system' field)",
+                "(the system prompt is the top-level 'system' field; a system message inside messages "
+                f"needs the anthropic-beta header {SYSTEM_TURNS_BETA}-2026-04-07)",
                 param=f"messages.{i}.role",
             )
         content = m.get("content")
         if role == "system":
             text = text_of(content, f"messages.{i}.content")
             if out and out[-1]["role"] == "user":
-                out[-1]["content"] = _joined(out[-1]["content"], text)
+                out[-1]["content"] = _joined(text, out[-1]["content"])
             elif not out:
                 system.append(text)
             else:
@@ -182,7 +190,8 @@ def openai_tools(req: MessagesRequest) -> tuple[list[dict[str, Any]] | None, Any
     return tools, choice, parallel
 
 
-def job(req: MessagesRequest, need_max_tokens: bool = True) -> Job:
+def job(req: MessagesRequest, beta: str = "", need_max_tokens: bool = True) -> Job:
+    """The request as a Job; `beta` is its anthropic-beta header."""
     if need_max_tokens and req.max_tokens is None:
         raise bad_request("max_tokens: Field required", param="max_tokens")
     if req.goinfer_confidence:
@@ -200,7 +209,7 @@ def job(req: MessagesRequest, need_max_tokens: bool = True) -> Job:
         model=req.model,
         sampling=sampling,
         reply=lambda plan: MessageEvents(plan.model, len(plan.prompt_ids)),
-        messages=chat_messages(req),
+        messages=chat_messages(req, SYSTEM_TURNS_BETA in beta),
         stream=req.stream,
         tools=tools,
         tool_choice=choice,
@@ -228,14 +237,16 @@ def response_format(fmt: Any) -> dict[str, Any] | None:
 @routes.post("")
 @text_body
 async def create(request: web.Request) -> web.StreamResponse:
-    return await pipeline.run(request, job(await read_request(request, MessagesRequest)))
+    req = await read_request(request, MessagesRequest)
+    return await pipeline.run(request, job(req, request.headers.get("anthropic-beta", "")))
 
 
 @routes.post("/count_tokens")
 @text_body
 async def count_tokens(request: web.Request) -> web.Response:
     req = await read_request(request, MessagesRequest)
-    prompt = await pipeline.prepare(request, job(req, need_max_tokens=False))
+    beta = request.headers.get("anthropic-beta", "")
+    prompt = await pipeline.prepare(request, job(req, beta, need_max_tokens=False))
     return web.json_response({"input_tokens": len(prompt.ids)})
 
 

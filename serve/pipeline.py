@@ -24,6 +24,7 @@ from goinfer.runtime.sampler import SamplingParams
 from goinfer.runtime.stream import StepEvent
 
 from .confidence import recorded, with_confidence
+from .config import SamplingDefaults
 from .deltas import Delta, text_deltas
 from .engine import Engine
 from .errors import APIError, bad_request
@@ -36,9 +37,6 @@ from .tools import prepare_messages
 from .tools.stream import ToolDeltas
 
 log = logging.getLogger("goinfer.serve")
-
-# OpenAI's documented default where the request leaves temperature out.
-DEFAULT_TEMPERATURE = 1.0
 
 
 @dataclass(frozen=True)
@@ -75,6 +73,7 @@ class Plan:
             capture=confidence is not None,
             cancel=cancel,
         )
+        events = logged(events, self.model)
         steps: list[StepEvent] = []
         if confidence is not None:
             events = recorded(events, steps)
@@ -85,37 +84,41 @@ class Plan:
             out = ToolDeltas(tools.fmt, tools.names)(out)
         if confidence is not None:
             out = with_confidence(out, steps, confidence, engine.token_text)
-        return logged(out, self.model)
+        return out
 
 
-def logged(deltas: Iterator[Delta], model: str) -> Iterator[Delta]:
-    """The deltas, and one log line per finished generation (as llama-server prints): the prompt,
-    how much of it was reused, and the time to the first output and to the end."""
-    start, first = time.perf_counter(), None
-    for d in deltas:
-        if first is None:
-            first = time.perf_counter()
-        if d.usage is not None:
-            u, end = d.usage, time.perf_counter()
-            gen_s = end - first
-            rate = (
-                f", {(u.completion_tokens - 1) / gen_s:.1f} tok/s"
-                if u.completion_tokens > 1 and gen_s
-                else ""
-            )
-            log.info(
-                "%s: prompt %d tokens (%d reused), first output after %.2f s; %d generated in %.2f s%s (%s)",
-                model, u.prompt_tokens, u.cached_tokens, first - start, u.completion_tokens, end - start,
-                rate, d.finish_reason,
-            )  # fmt: skip
-        yield d
+def logged(events: Iterator[StepEvent], model: str) -> Iterator[StepEvent]:
+    """The engine's events, and one log line per generation (as llama-server prints): the prompt,
+    how much of it was reused, the time to the first token (queue and prefill), the decode rate."""
+    start = time.perf_counter()
+    first, n, counts, finish = start, 0, {}, "closed early"  # a stop string, a call's end, a client gone
+    try:
+        for ev in events:
+            if ev.token_id is None:
+                finish = ev.finish_reason or finish
+            else:
+                n += 1
+                if n == 1:
+                    first, counts = time.perf_counter(), ev.timings
+            yield ev
+    except Exception as e:  # Cancelled, KVCacheFull, a failed forward: the reply says more
+        finish = type(e).__name__
+        raise
+    finally:
+        end = time.perf_counter()
+        rate = (n - 1) / (end - first) if n > 1 and end > first else 0.0
+        log.info(
+            "%s: prompt %s tokens (%s reused), first token after %.2f s; %d generated at %.1f tok/s (%s)",
+            model, counts.get("prompt_tokens", "?"), counts.get("cached_tokens", "?"), first - start, n, rate,
+            finish,
+        )  # fmt: skip
 
 
 async def run(request: web.Request, job: Job) -> web.StreamResponse:
     """The whole pipeline: queue the plan on the model's worker; its events as SSE, or their fold."""
     prompt = await prepare(request, job)
-    plan = make_plan(job, prompt)
     cfg = request.config_dict[CONFIG]
+    plan = make_plan(job, prompt, cfg.sampling)
     work = prompt.slot.submit(partial(plan.deltas, prompt.slot.engine), cfg.poll_s, cfg.retry_after_s)
     return await respond(request, work, job.reply(plan), stream=job.stream, keepalive_s=cfg.keepalive_s)
 
@@ -153,7 +156,7 @@ async def _tokenized(slot: ModelSlot, fn: Callable[[], list[int]]) -> list[int]:
         ) from None
 
 
-def make_plan(job: Job, prompt: Prompt) -> Plan:
+def make_plan(job: Job, prompt: Prompt, defaults: SamplingDefaults) -> Plan:
     """Check the prompt against the window, clamp the budget to it; fill the defaults."""
     s, name, n = job.sampling, prompt.slot.name, len(prompt.ids)
     window = prompt.slot.engine.info.context_window
@@ -169,10 +172,10 @@ def make_plan(job: Job, prompt: Prompt) -> Plan:
     room = window - n
     default = room if s.default_max_tokens is None else min(s.default_max_tokens, room)
     params = SamplingParams(
-        temperature=DEFAULT_TEMPERATURE if s.temperature is None else s.temperature,
-        top_k=s.top_k or 0,
-        top_p=1.0 if s.top_p is None else s.top_p,
-        min_p=s.min_p or 0.0,
+        temperature=defaults.temperature if s.temperature is None else s.temperature,
+        top_k=defaults.top_k if s.top_k is None else s.top_k,
+        top_p=defaults.top_p if s.top_p is None else s.top_p,
+        min_p=defaults.min_p if s.min_p is None else s.min_p,
         seed=s.seed,
         frequency_penalty=s.frequency_penalty or 0.0,
         presence_penalty=s.presence_penalty or 0.0,

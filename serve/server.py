@@ -54,6 +54,11 @@ def banner(config: ServeConfig, caps: BodyCaps, engines: Mapping[str, Engine]) -
         f"  concurrency: {config.max_concurrent} generations per model at once, {config.max_queue} waiting; "
         f"admin routes {admin}"
     )
+    d = config.sampling
+    lines.append(
+        f"  sampling where a request sets none: temperature {d.temperature:g}, top_p {d.top_p:g}, "
+        f"top_k {d.top_k}, min_p {d.min_p:g}"
+    )
     lines += [f"WARNING: {w}" for w in warnings(config)]
     return lines
 

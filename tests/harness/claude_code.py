@@ -62,21 +62,34 @@ def environment(base_url: str, model: str, home: Path, api_key: str = "sk-goinfe
         "ANTHROPIC_BASE_URL": base_url,
         "ANTHROPIC_AUTH_TOKEN": api_key,
         "ANTHROPIC_MODEL": model,
-        "ANTHROPIC_SMALL_FAST_MODEL": model,
+        "ANTHROPIC_DEFAULT_HAIKU_MODEL": model,  # its background requests: a served name, not a 404
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
         "DISABLE_TELEMETRY": "1",
         "DISABLE_AUTOUPDATER": "1",
-        "API_TIMEOUT_MS": str(30 * 60 * 1000),  # a 20k-token first prompt prefills for minutes on 2 cores
+        # A 19k-token first prompt prefills for minutes on 2 cores: the request's timeout, and the
+        # stream watchdog's (5 minutes at least; keep-alive pings do not reset it).
+        "API_TIMEOUT_MS": str(30 * 60 * 1000),
+        "CLAUDE_STREAM_IDLE_TIMEOUT_MS": str(30 * 60 * 1000),
     }
 
 
 def run(
-    exe: Path, prompt: str, cwd: Path, env: dict[str, str], *, tools: str | None = None, timeout: float = 1800
+    exe: Path,
+    prompt: str,
+    cwd: Path,
+    env: dict[str, str],
+    *,
+    tools: str | None = None,
+    allow: str | None = None,
+    timeout: float = 1800,
 ) -> dict[str, Any]:
-    """`claude -p PROMPT --output-format json` in `cwd`; its result object (the CLI's own JSON)."""
+    """`claude -p PROMPT --output-format json` in `cwd`; its result object (the CLI's own JSON).
+    `tools` limits the built-in tools offered (default: all 24); `allow` lets those run unasked."""
     cmd = [str(exe), "-p", prompt, "--output-format", "json"]
     if tools is not None:
-        cmd += ["--allowedTools", tools]
+        cmd += ["--tools", tools]
+    if allow is not None:
+        cmd += ["--allowedTools", allow]
     done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     try:
         return json.loads(done.stdout)

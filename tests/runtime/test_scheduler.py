@@ -181,6 +181,39 @@ def test_cancel_mid_prefill_frees_the_sequence(model: Model) -> None:
         sched.stop()
 
 
+def test_a_retry_after_a_cancelled_prefill_resumes_where_it_stopped(model: Model) -> None:
+    """A client that times out mid-prefill and sends the request again (Claude Code's watchdog
+    does, after 5 minutes) starts from the chunks already computed, and gets a cold run's reply."""
+    m = model
+    sched = Scheduler(m, SchedulerConfig(prefill_chunk=4, kv_sessions=4))
+    prompt = _ids(m.spec.vocab_size, 40, 1)
+    cancel = threading.Event()
+    calls = 0
+    real_run = m.run
+
+    def counting_run(*a, **k):
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            cancel.set()  # the client leaves after the third chunk
+        return real_run(*a, **k)
+
+    m.run = counting_run  # type: ignore[method-assign]
+    try:
+        with pytest.raises(Cancelled):
+            list(sched.generate(prompt, GREEDY, cancel=cancel))
+    finally:
+        del m.run
+    cold = Scheduler(m, SchedulerConfig(prefill_chunk=4, kv_sessions=0))
+    try:
+        events = list(sched.generate(prompt, GREEDY))
+        assert events[0].timings["cached_tokens"] == 3 * sched.chunk  # the three chunks computed
+        assert [e.token_id for e in events] == [e.token_id for e in cold.generate(prompt, GREEDY)]
+    finally:
+        sched.stop()
+        cold.stop()
+
+
 def test_a_prompt_the_cache_cannot_hold_is_refused(model: Model) -> None:
     m = model
     sched = Scheduler(m, SchedulerConfig(kv_tokens=32, kv_sessions=0))

@@ -85,7 +85,7 @@ async def test_stop_sequences(aiohttp_client):
 @pytest.mark.parametrize(
     ("payload", "status", "kind", "needle"),
     [
-        (body(messages=[{"role": "system", "content": "x"}]), 400, "invalid_request_error", "user message"),
+        (body(messages=[{"role": "system", "content": "x"}, *HI]), 400, "invalid_request_error", "'system'"),
         (body(messages=[{"role": "developer", "content": "x"}]), 400, "invalid_request_error", "'developer'"),
         (body(messages=[{"role": "user", "content": [{"type": "image", "source": {}}]}]), 400,
          "invalid_request_error", "vision"),
@@ -162,20 +162,28 @@ async def test_prose_before_a_call_is_its_own_text_block(aiohttp_client):
 
 
 async def test_a_system_message_inside_messages_is_folded_into_a_user_turn(aiohttp_client):
-    """Claude Code sends one after the first user turn; every chat template can render the fold."""
+    """Claude Code sends one after the first user turn, under its beta; every chat template can
+    render the fold, and the user's own words stay last."""
     engine = ScriptedEngine(context_window=4096)
     client = await client_for(aiohttp_client, engine)
+    beta = {**HEADERS, "anthropic-beta": "claude-code-20250219,mid-conversation-system-2026-04-07"}
     parts = [{"type": "text", "text": "a"}]
     turns = [{"role": "system", "content": "first"}, *HI, {"role": "system", "content": parts},
              {"role": "assistant", "content": "ok"}, {"role": "system", "content": "late"},
              {"role": "user", "content": "go"}]  # fmt: skip
-    await message(await client.post("/v1/messages", json=body(system="top", messages=turns)))
+    await message(await client.post("/v1/messages", json=body(system="top", messages=turns), headers=beta))
     assert engine.messages == [
         {"role": "system", "content": "top\n\nfirst"},
-        {"role": "user", "content": "hi\n\na"},
+        {"role": "user", "content": "a\n\nhi"},
         {"role": "assistant", "content": "ok"},
         {"role": "user", "content": "late\n\ngo"},
     ]
+    r = await client.post(
+        "/v1/messages", json=body(messages=[{"role": "system", "content": "x"}]), headers=beta
+    )
+    assert (
+        r.status == 400 and "user message" in sdk_models.anthropic_error(await r.json())["error"]["message"]
+    )
 
 
 async def test_newer_fields_are_accepted_and_max_tokens_is_clamped_to_the_window(aiohttp_client):
@@ -217,8 +225,8 @@ async def test_the_anthropic_sdk_round_trips(aiohttp_client):
         text = "".join([t async for t in s.text_stream])
     assert text == "Hello world!"
     assert (await sdk.messages.count_tokens(model="fake", messages=HI)).input_tokens == len(render(HI))
-    with pytest.raises(anthropic.BadRequestError, match="'tool'"):
-        await sdk.messages.create(model="fake", max_tokens=8, messages=[{"role": "tool", "content": "x"}])
+    with pytest.raises(anthropic.BadRequestError, match="'system'"):
+        await sdk.messages.create(model="fake", max_tokens=8, messages=[{"role": "system", "content": "x"}])
     wrong = anthropic.AsyncAnthropic(base_url=str(client.make_url("")), api_key="bad", max_retries=0)
     with pytest.raises(anthropic.AuthenticationError):
         await wrong.messages.create(model="fake", max_tokens=8, messages=HI)

@@ -12,7 +12,7 @@ import sdk_models
 from fake_engine import PIECES, SampledEngine, ScriptedEngine, render
 from goinfer.serve.app import create_app
 from goinfer.serve.chunks import fold_chat, fold_completion
-from goinfer.serve.config import ServeConfig
+from goinfer.serve.config import SamplingDefaults, ServeConfig
 
 pytestmark = pytest.mark.asyncio
 
@@ -148,6 +148,27 @@ async def test_a_budget_past_the_window_is_clamped_to_it(aiohttp_client, field):
     completion = {"model": "fake", "prompt": "y" * 62, "max_tokens": 10**6}
     reply = await checked_reply(await client.post("/v1/completions", json=completion))
     assert engine.params[-1].max_tokens == 2 and reply["choices"][0]["finish_reason"] == "length"
+
+
+async def test_sampling_defaults_fill_only_what_a_request_leaves_out(aiohttp_client):
+    """serve --temp/--top-p/--top-k/--min-p, as llama-server's: a harness that sends no sampling
+    settings (Claude Code) gets them; a request's own values, zero included, win."""
+    engine = ScriptedEngine()
+    defaults = SamplingDefaults(temperature=0.2, top_p=0.8, top_k=20, min_p=0.05)
+    client = await client_for(aiohttp_client, {"fake": engine}, sampling=defaults)
+    await checked_reply(await client.post("/v1/chat/completions", json=chat()))
+    p = engine.params[-1]
+    assert (p.temperature, p.top_p, p.top_k, p.min_p) == (0.2, 0.8, 20, 0.05)
+    await checked_reply(
+        await client.post("/v1/chat/completions", json=chat(temperature=0.7, top_k=0, min_p=0))
+    )
+    p = engine.params[-1]
+    assert (p.temperature, p.top_p, p.top_k, p.min_p) == (0.7, 0.8, 0, 0.0)
+    engine = ScriptedEngine()
+    client = await client_for(aiohttp_client, {"fake": engine})
+    await checked_reply(await client.post("/v1/chat/completions", json=chat()))
+    p = engine.params[-1]  # without flags: the APIs' defaults
+    assert (p.temperature, p.top_p, p.top_k, p.min_p) == (1.0, 1.0, 0, 0.0)
 
 
 async def test_body_over_the_cap_is_413_before_reading(aiohttp_client):
