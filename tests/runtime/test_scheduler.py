@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -155,29 +157,36 @@ def test_concurrent_generations_each_get_what_they_get_alone(model: Model) -> No
         sched.stop()
 
 
-def test_cancel_mid_prefill_frees_the_sequence(model: Model) -> None:
-    m = model
-    sched = Scheduler(m, SchedulerConfig(prefill_chunk=4, kv_sessions=0))
-    cancel = threading.Event()
-    calls = 0
+@contextlib.contextmanager
+def client_leaves_at(m: Model, forward: int) -> Iterator[tuple[threading.Event, list[int]]]:
+    """A cancel flag that is set as `m` runs its `forward`-th forward (the client leaves then),
+    and the count of forwards run."""
+    cancel, calls = threading.Event(), [0]
     real_run = m.run
 
     def counting_run(*a, **k):
-        nonlocal calls
-        calls += 1
-        if calls == 2:
-            cancel.set()  # the client leaves after the second chunk
+        calls[0] += 1
+        if calls[0] == forward:
+            cancel.set()
         return real_run(*a, **k)
 
     m.run = counting_run  # type: ignore[method-assign]
     try:
-        with pytest.raises(Cancelled):
+        yield cancel, calls
+    finally:
+        del m.run
+
+
+def test_cancel_mid_prefill_frees_the_sequence(model: Model) -> None:
+    m = model
+    sched = Scheduler(m, SchedulerConfig(prefill_chunk=4, kv_sessions=0))
+    try:
+        with client_leaves_at(m, 2) as (cancel, calls), pytest.raises(Cancelled):
             list(sched.generate(_ids(m.spec.vocab_size, 40, 1), GREEDY, cancel=cancel))
-        assert calls == 2  # the other 8 chunks never ran
+        assert calls == [2]  # the other 8 chunks never ran
         sched.sync()
         assert sched.pool.seqs == {}
     finally:
-        del m.run
         sched.stop()
 
 
@@ -186,26 +195,11 @@ def test_a_retry_after_a_cancelled_prefill_resumes_where_it_stopped(model: Model
     does, after 5 minutes) starts from the chunks already computed, and gets a cold run's reply."""
     m = model
     sched = Scheduler(m, SchedulerConfig(prefill_chunk=4, kv_sessions=4))
-    prompt = _ids(m.spec.vocab_size, 40, 1)
-    cancel = threading.Event()
-    calls = 0
-    real_run = m.run
-
-    def counting_run(*a, **k):
-        nonlocal calls
-        calls += 1
-        if calls == 3:
-            cancel.set()  # the client leaves after the third chunk
-        return real_run(*a, **k)
-
-    m.run = counting_run  # type: ignore[method-assign]
-    try:
-        with pytest.raises(Cancelled):
-            list(sched.generate(prompt, GREEDY, cancel=cancel))
-    finally:
-        del m.run
     cold = Scheduler(m, SchedulerConfig(prefill_chunk=4, kv_sessions=0))
+    prompt = _ids(m.spec.vocab_size, 40, 1)
     try:
+        with client_leaves_at(m, 3) as (cancel, _), pytest.raises(Cancelled):
+            list(sched.generate(prompt, GREEDY, cancel=cancel))
         events = list(sched.generate(prompt, GREEDY))
         assert events[0].timings["cached_tokens"] == 3 * sched.chunk  # the three chunks computed
         assert [e.token_id for e in events] == [e.token_id for e in cold.generate(prompt, GREEDY)]
