@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -19,14 +20,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_healthy(
-    proc: subprocess.Popen, url: str, key: str, timeout: float = 180.0, log: Path | None = None
-) -> None:
+def wait_healthy(proc: subprocess.Popen, url: str, key: str, log: Path, timeout: float = 180.0) -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if proc.poll() is not None:
-            out = log.read_text() if log is not None else proc.stdout.read() if proc.stdout else ""
-            raise AssertionError(f"goinfer serve exited with {proc.returncode}: {out}")
+            raise AssertionError(f"goinfer serve exited with {proc.returncode}: {log.read_text()}")
         try:
             req = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"})
             with urllib.request.urlopen(req, timeout=2) as r:
@@ -40,15 +38,17 @@ def wait_healthy(
 @contextlib.contextmanager
 def serving(name: str, bundle: Path, key: str, *extra: str, log: Path | None = None) -> Iterator[str]:
     """Yields the server's base URL (http://127.0.0.1:PORT); the process ends with the block.
-    Its output goes to `log` when given (a pipe nobody reads would fill and stall the server)."""
+    Its output goes to a file, `log` when given: a pipe nobody reads would fill with its log lines
+    and stall the server."""
     port = free_port()
     cmd = [sys.executable, "-m", "goinfer.cli.main", "serve", "--model", f"{name}={bundle}"]
     cmd += ["--addr", f"127.0.0.1:{port}", "--api-key", key, *extra]
     with contextlib.ExitStack() as stack:
-        out = stack.enter_context(log.open("w")) if log is not None else subprocess.PIPE
+        log = log or Path(stack.enter_context(tempfile.TemporaryDirectory())) / "serve.log"
+        out = stack.enter_context(log.open("w"))
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, text=True, env=os.environ)
         try:
-            wait_healthy(proc, f"http://127.0.0.1:{port}/health", key, log=log)
+            wait_healthy(proc, f"http://127.0.0.1:{port}/health", key, log)
             yield f"http://127.0.0.1:{port}"
         finally:
             proc.terminate()
