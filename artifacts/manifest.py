@@ -107,6 +107,31 @@ class CpuTier:
 
 
 @dataclass(frozen=True)
+class GpuModule:
+    kind: str  # "cuda" | "metal"
+    arch: str  # the CUDA compute capability it was compiled for ("sm_90"); "" for Metal
+    module: str  # the module key: a shared library (CUDA) or a tar of unlinked objects (Metal)
+    target: Mapping[str, Any]  # the TVM target it was compiled for
+    # CUDA: the module key of its kernels compiled ahead of time (a fatbin: the arch's SASS and
+    # PTX), and the sha256 of the CUDA source they were compiled from. The library keeps that
+    # source and asks for it to be compiled at load; the runtime answers with these.
+    kernels: str = ""
+    kernels_source_sha256: str = ""
+
+
+@dataclass(frozen=True)
+class GpuSelfTest:
+    """A fixed prompt and the CPU module's logits for it: a GPU must agree at every position."""
+
+    prompt: str  # tensor name: int32 token ids
+    want: str  # tensor name: (tokens, vocab) float32 logits
+    min_cosine: float
+
+
+GPU_KINDS = ("cuda", "metal")
+
+
+@dataclass(frozen=True)
 class SelfTestCase:
     kernel: str
     inputs: tuple[str, ...]  # tensor names
@@ -148,6 +173,8 @@ class Manifest:
     selftest: SelfTest
     source: Source
     build: Build
+    gpu_modules: tuple[GpuModule, ...] = ()  # the model compiled for GPUs (empty: CPU only)
+    gpu_selftest: GpuSelfTest | None = None  # present whenever gpu_modules is not empty
 
     def __post_init__(self) -> None:
         for name, value in (
@@ -160,8 +187,14 @@ class Manifest:
                 raise BundleError(f"corrupt manifest: {name} is {value}, not a positive count")
         if missing := [e for e in ENTRY_POINTS if e not in self.entry_points]:
             raise BundleError(f"corrupt manifest: entry_points lacks {', '.join(missing)}")
-        if not self.cpu_tiers:
-            raise BundleError("corrupt manifest: cpu_tiers is empty")
+        if not self.cpu_tiers and not self.gpu_modules:
+            raise BundleError("corrupt manifest: neither cpu_tiers nor gpu_modules names a module")
+        if bad := [g.kind for g in self.gpu_modules if g.kind not in GPU_KINDS]:
+            raise BundleError(
+                f"corrupt manifest: gpu_modules kind {bad[0]!r} is not one of {', '.join(GPU_KINDS)}"
+            )
+        if self.gpu_modules and self.gpu_selftest is None:
+            raise BundleError("corrupt manifest: gpu_modules without a gpu_selftest")
 
     # Facts kept once, read here under the names callers use.
     @property
@@ -191,10 +224,16 @@ class Manifest:
         m = cls.from_json(bundle.manifest)
         names = set(bundle.tensor_names())
         needed = [*m.params, m.tokenizer_tensor, *(n for c in m.selftest.cases for n in (*c.inputs, c.want))]
+        if m.gpu_selftest is not None:
+            needed += [m.gpu_selftest.prompt, m.gpu_selftest.want]
         if missing := [n for n in needed if n not in names]:
             raise BundleError(f"bundle {bundle.path}: no tensor {missing[0]!r}, which its manifest names")
         keys = set(bundle.module_keys())
-        if missing := [k for t in m.cpu_tiers for k in (t.module, t.selftest) if k not in keys]:
+        named = [
+            *(k for t in m.cpu_tiers for k in (t.module, t.selftest)),
+            *(k for g in m.gpu_modules for k in (g.module, g.kernels) if k),
+        ]
+        if missing := [k for k in named if k not in keys]:
             raise BundleError(f"bundle {bundle.path}: no module {missing[0]!r}, which its manifest names")
         return m
 
@@ -286,7 +325,9 @@ def describe(bundle: Bundle) -> str:
     ]
     for k in bundle.module_keys():
         e = bundle.module_info(k)
-        lines.append(f"module   {k}  {e.target.get('kind', '?')}  {_human(e.nbytes)}  sha256 {e.sha256[:16]}")
+        kind = e.target.get("kind", "?")
+        arch = f" {e.target['arch']}" if e.target.get("arch") else ""
+        lines.append(f"module   {k}  {kind}{arch}  {_human(e.nbytes)}  sha256 {e.sha256[:16]}")
     lines.append(f"source   {m.source.ref}  sha256 {m.source.sha256[:16]}")
     lines.append(f"header   sha256 {bundle.header_sha256[:16]}")
     return "\n".join(lines)

@@ -70,9 +70,26 @@ kv_dtype_option = click.option(
 )
 
 
+device_option = click.option(
+    "--device",
+    type=click.Choice(["auto", "cpu", "cuda"]),
+    default="auto",
+    show_default=True,
+    help="where to run a bundle: auto takes its CUDA module when a GPU is usable, else its CPU module",
+)
+
+
 @main.command()
 @click.argument("source")
-@click.option("--target", default="llvm", show_default=True, help="llvm (CPU); cuda and metal later.")
+@click.option(
+    "--target",
+    default="llvm",
+    show_default=True,
+    help="llvm (CPU), cuda, metal, or several comma-separated (llvm,cuda): one bundle holds them all",
+)
+@click.option(
+    "--cuda-arch", default="sm_90", show_default=True, help="the CUDA compute capability to compile for"
+)
 @click.option(
     "--quant",
     default="gguf",
@@ -80,14 +97,15 @@ kv_dtype_option = click.option(
     help="gguf (the checkpoint's own blocks, value-exact) | int4 | int8int8 | int8 | int4mix | f32",
 )
 @kv_dtype_option
-@click.option("-o", "--output", required=True, help="the .giw file to write")
-def build(source: str, target: str, quant: str, kv_dtype: str, output: str) -> None:
+@click.option("-o", "--output", default=None, help="the .giw file to write [default: beside SOURCE]")
+def build(source: str, target: str, cuda_arch: str, quant: str, kv_dtype: str, output: str | None) -> None:
     """Compile SOURCE (a .gguf file or a zoo model name) into a .giw bundle."""
     from goinfer.compiler.build import BuildOptions
     from goinfer.compiler.build import build as run_build
 
+    options = BuildOptions(target=target, quant=quant, kv_dtype=KV_DTYPES[kv_dtype], cuda_arch=cuda_arch)
     try:
-        run_build(source, output, BuildOptions(target=target, quant=quant, kv_dtype=KV_DTYPES[kv_dtype]))
+        run_build(source, output, options)
     except _user_errors() as e:
         _fail(str(e))
 
@@ -127,6 +145,7 @@ def _resolve_bundle(ref: str, quant: str, target: str, kv_dtype: str = "f16") ->
 @kv_dtype_option
 @click.option("--verbose", "-v", is_flag=True, help="timings on stderr")
 @click.option("--no-selftest", is_flag=True, help="skip the startup kernel self-test")
+@device_option
 def generate(
     model: str,
     prompt: str,
@@ -141,6 +160,7 @@ def generate(
     kv_dtype: str,
     verbose: bool,
     no_selftest: bool,
+    device: str,
 ) -> None:
     """Generate a continuation of PROMPT with MODEL (a .giw, a .gguf or a zoo name)."""
     try:
@@ -148,7 +168,7 @@ def generate(
         from goinfer.runtime.model import Model
         from goinfer.runtime.sampler import SamplingParams
 
-        m = Model.load(bundle, self_test=False if no_selftest else None)
+        m = Model.load(bundle, self_test=False if no_selftest else None, device=device)
         if chat:
             messages = ([{"role": "system", "content": system}] if system else []) + [
                 {"role": "user", "content": prompt}
@@ -181,6 +201,7 @@ def generate(
 
 
 @main.command()
+@click.argument("bundle", required=False, metavar="[BUNDLE]")
 @click.option(
     "--model",
     "models",
@@ -294,7 +315,9 @@ def generate(
 @click.option("--quant", default="gguf", show_default=True, help="used only when a model must be built")
 @kv_dtype_option
 @click.option("--no-selftest", is_flag=True, help="skip the startup kernel self-test")
+@device_option
 def serve(
+    bundle: str | None,
     models: tuple[str, ...],
     addr: str,
     api_key: str | None,
@@ -320,8 +343,10 @@ def serve(
     quant: str,
     kv_dtype: str,
     no_selftest: bool,
+    device: str,
 ) -> None:
-    """Serve models over OpenAI-compatible and Anthropic Messages HTTP APIs (base URL http://ADDR/v1)."""
+    """Serve BUNDLE (a .giw, a .gguf or a zoo name; or the models given by --model) over
+    OpenAI-compatible and Anthropic Messages HTTP APIs (base URL http://ADDR/v1)."""
     from goinfer.runtime.scheduler import SchedulerConfig
     from goinfer.serve import server
     from goinfer.serve.app import create_app
@@ -357,11 +382,11 @@ def serve(
         server.check_exposure(config)  # before any model loads: a refusal costs nothing
         server.log_to_stderr()
         context = server.ssl_context(config)
-        load = _engine_loader(quant, no_selftest, engine, kv_dtype)
+        load = _engine_loader(quant, no_selftest, engine, kv_dtype, device)
         engines = {}
         from goinfer.compiler.sources.zoo import DEFAULT_MODEL
 
-        for name, ref in _model_specs(models or (DEFAULT_MODEL,)):
+        for name, ref in _model_specs((*((bundle,) if bundle else ()), *models) or (DEFAULT_MODEL,)):
             engines[name] = load(name, ref, None)
     except ValueError as e:  # bad --addr/--model, exposure, TLS files, and the loader's reasons
         _fail(str(e))
@@ -385,7 +410,11 @@ def _model_specs(specs: tuple[str, ...]) -> list[tuple[str, str]]:
 
 
 def _engine_loader(
-    default_quant: str, no_selftest: bool, engine: SchedulerConfig | None = None, kv_dtype: str = "f16"
+    default_quant: str,
+    no_selftest: bool,
+    engine: SchedulerConfig | None = None,
+    kv_dtype: str = "f16",
+    device: str = "auto",
 ):
     """(name, path, quant) -> a ModelEngine: a .giw as is, a .gguf or zoo name built once into the cache."""
     from goinfer.runtime.scheduler import SchedulerConfig
@@ -397,7 +426,8 @@ def _engine_loader(
 
         try:
             bundle = _resolve_bundle(ref, quant or default_quant, "llvm", kv_dtype)
-            return ModelEngine.load(bundle, self_test=False if no_selftest else None, config=config)
+            self_test = False if no_selftest else None
+            return ModelEngine.load(bundle, self_test=self_test, config=config, device=device)
         except _user_errors() as e:
             raise ValueError(f"--model {name}={ref}: {e}") from None
 
@@ -449,8 +479,23 @@ def _self_test_bundle(path: str) -> list[tuple[str, str]]:
 
     with giw.open_bundle(path, verify="once") as b:
         m = manifest.Manifest.of(b)
-        chosen, result = selftest.choose_tier(b, m, cache.folder("libs"))
-    return [(t.tier, _tier_state(t.tier, chosen.tier, result.stepped_down)) for t in m.cpu_tiers]
+        states = []
+        if m.cpu_tiers:
+            chosen, result = selftest.choose_tier(b, m, cache.folder("libs"))
+            states = [(t.tier, _tier_state(t.tier, chosen.tier, result.stepped_down)) for t in m.cpu_tiers]
+    if any(g.kind == "cuda" for g in m.gpu_modules):
+        _self_test_gpu(path)
+    return states
+
+
+def _self_test_gpu(path: str) -> None:
+    """The bundle's GPU self-test where CUDA is usable (its result joins the report's); else the
+    report's gpu line says why it did not run."""
+    from goinfer.runtime import cuda
+    from goinfer.runtime.model import Model
+
+    if cuda.probe().usable:
+        Model.load(path, device="cuda").bundle.close()
 
 
 def _self_test_fresh() -> list[tuple[str, str]]:

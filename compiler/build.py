@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from collections import Counter
@@ -20,7 +21,7 @@ from .sources.base import Checkpoint, SourceTensor
 
 Progress = Callable[[str], None]
 
-TARGETS = ("llvm",)  # cuda and metal lower through the same pipeline once their schedules exist
+TARGETS = ("llvm", "cuda", "metal")
 # The longest prefill chunk: the KV cache sizes its per-forward buffers from it, and a chunk's
 # activations grow with it. Longer prompts run in several chunks.
 MAX_PREFILL_CHUNK = 2048
@@ -28,10 +29,15 @@ MAX_PREFILL_CHUNK = 2048
 
 @dataclass(frozen=True)
 class BuildOptions:
-    target: str = "llvm"
+    target: str = "llvm"  # one of TARGETS, or several comma-separated ("llvm,cuda"): one bundle
     quant: str = "gguf"  # the checkpoint's own blocks, value-exact (quant/gguf.py)
     num_cores: int | None = None  # threads the compiled module is built for; default: this host's
     kv_dtype: str = DEFAULT_KV_DTYPE  # the KV cache's pages: "float16" | "float32" (manifest.KV_DTYPES)
+    cuda_arch: str = "sm_90"  # the CUDA compute capability compiled for (its PTX is embedded too)
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return tuple(t.strip() for t in self.target.split(",") if t.strip())
 
 
 @dataclass(frozen=True)
@@ -47,28 +53,55 @@ def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def build(
-    source: str | Path,
-    output: str | Path,
-    options: BuildOptions = BuildOptions(),
-    progress: Progress = _stderr,
-) -> BuildResult:
-    from . import selftest
-    from .lower import compile_cache  # TVM is imported here, not at `import goinfer.compiler`
-    from .models import FAMILIES, layer
-    from .models.decoder import build_model
-    from .quant import QUANT_MODES, scheme_for
+def default_output(source: str | Path, options: BuildOptions) -> Path:
+    """Where a build without -o writes: beside a source file, else in the working directory, named
+    for the model, quant and targets (model.gguf -> model.int4.cuda.giw)."""
+    path = Path(str(source))
+    if path.exists():  # a file: its stem, beside it
+        folder, stem = path.parent, path.stem
+    else:  # a zoo name or hf: reference, whose dots are not a suffix ("qwen2.5-coder-0.5b")
+        folder, stem = Path("."), re.sub(r"[:/]", "-", str(source))
+    return folder / f"{stem}.{options.quant}.{'+'.join(options.targets)}.giw"
 
-    t0 = time.perf_counter()
-    if options.target not in TARGETS:
-        raise BuildError(f"unknown target {options.target!r}; choose one of {', '.join(TARGETS)}")
+
+def _check_options(options: BuildOptions) -> None:
+    from .quant import QUANT_MODES
+
+    targets = options.targets
+    if not targets or (bad := [t for t in targets if t not in TARGETS]):
+        given = bad[0] if targets else options.target
+        raise BuildError(f"unknown target {given!r}; choose one or more of {', '.join(TARGETS)}")
+    if len(set(targets)) != len(targets):
+        raise BuildError(f"target {options.target!r} names a target twice")
     if options.quant not in QUANT_MODES:
         raise BuildError(f"unknown quant {options.quant!r}; choose one of {', '.join(QUANT_MODES)}")
     if options.kv_dtype not in manifest.KV_DTYPES:
         raise BuildError(
             f"unknown KV cache dtype {options.kv_dtype!r}; choose one of {', '.join(manifest.KV_DTYPES)}"
         )
-    output = Path(output)
+    if "cuda" in targets and not re.fullmatch(r"sm_\d{2,3}a?", options.cuda_arch):
+        raise BuildError(f"CUDA arch {options.cuda_arch!r} is not of the form sm_90")
+
+
+def build(
+    source: str | Path,
+    output: str | Path | None = None,
+    options: BuildOptions = BuildOptions(),
+    progress: Progress = _stderr,
+) -> BuildResult:
+    from . import gpu_reference, selftest
+    from .lower import compile_cache  # TVM is imported here, not at `import goinfer.compiler`
+    from .models import FAMILIES, layer
+    from .models.decoder import build_model
+    from .quant import scheme_for
+
+    t0 = time.perf_counter()
+    _check_options(options)
+    targets = options.targets
+    if "cuda" in targets and compile_cache.tvm_api.cuda_compiler_name() is None:
+        need = "nvcc (the CUDA toolkit) or pip install 'goinfer[cuda-build]'"
+        raise BuildError(f"--target cuda needs a CUDA compiler: {need}")
+    output = Path(output) if output is not None else default_output(source, options)
     _check_writable(output)
 
     # 1. Load: spec, tokenizer, template and lazily-dequantized tensors from the checkpoint.
@@ -78,65 +111,109 @@ def build(
     if spec.family not in FAMILIES:
         raise BuildError(f"unsupported architecture {spec.family!r}; supported: {', '.join(FAMILIES)}")
     progress(
-        f"[1/5] read {source}: {spec.family}, {spec.num_layers} layers, hidden {spec.hidden_size}, "
+        f"[1/6] read {source}: {spec.family}, {spec.num_layers} layers, hidden {spec.hidden_size}, "
         f"vocab {spec.vocab_size}, {len(ckpt.tensors)} tensors"
     )
 
-    # 2. Model: the family's module, each weight with the scheme the quant mode picks for it.
+    # 2. Model: the family's module, each weight with the scheme the quant mode picks for it. One
+    #    model exports a CPU graph and a GPU graph over the same parameters.
     def pick(parts: Sequence[SourceTensor]) -> ModuleType:
         return scheme_for(options.quant, parts)
 
-    progress(f"[2/5] building the {spec.family} graph ({options.quant}, KV cache {options.kv_dtype})")
-    target = compile_cache.tiers_for(options.target, options.num_cores)[0][1]
-    model = build_model(spec, layer(spec.family), pick, ckpt.tensors, target, options.kv_dtype)
+    progress(f"[2/6] building the {spec.family} graph ({options.quant}, KV cache {options.kv_dtype})")
+    cpu_tiers = compile_cache.tiers_for("llvm", options.num_cores)
+    model = build_model(spec, layer(spec.family), pick, ckpt.tensors, cpu_tiers[0][1], options.kv_dtype)
 
     # 3. Quantize: pack every weight (pure numpy), checking each against the model's parameters.
     tensors, schemes = _pack_weights(model, ckpt, progress)
 
-    # 4. Lower and compile for each CPU tier (the host's best ISA, then AVX2 to step down to),
-    #    or reuse the modules compiled for the same graph; plus each tier's self-test kernels.
-    tiers = compile_cache.tiers_for(options.target, options.num_cores)
-    fixtures = selftest.fixtures(layouts=_layouts(model))
+    # 4. Lower and compile for each target: the CPU's ISA tiers (the host's best, then AVX2 to step
+    #    down to) with each tier's self-test kernels, then each GPU; or reuse the modules compiled
+    #    for the same graph. A GPU-only bundle still compiles the CPU module, for step 5.
     compiled_tiers = []
-    for i, (tier, tier_target) in enumerate(tiers):
-        progress(
-            f"[4/5] compiling for {options.target} tier {tier} "
-            f"({tier_target['mcpu']}, {tier_target['num-cores']} cores)"
-        )
-        compiled = compile_cache.compile_model(model, spec, schemes, tier_target, progress)
-        key = options.target if i == 0 else f"{options.target}@{tier}"
-        compiled_tiers.append((tier, key, compiled, selftest.compile_for(fixtures, tier_target)))
-    compiled = compiled_tiers[0][2]
-    if any(c.param_names != compiled.param_names for _t, _k, c, _s in compiled_tiers):
-        raise BuildError("internal: CPU tiers disagree on the parameter order")
-
-    # 5. Pack: manifest + aligned, hashed blobs, written atomically.
-    progress(f"[5/5] writing {output}")
-    param_order = compiled.param_names
-    missing = [n for n in param_order if n not in tensors]
-    if missing:
+    if "llvm" in targets:
+        fixtures = selftest.fixtures(layouts=_layouts(model))
+        for i, (tier, tier_target) in enumerate(cpu_tiers):
+            cores = tier_target["num-cores"]
+            progress(f"[4/6] compiling for llvm tier {tier} ({tier_target['mcpu']}, {cores} cores)")
+            compiled = compile_cache.compile_model(model, spec, schemes, tier_target, progress)
+            key = "llvm" if i == 0 else f"llvm@{tier}"
+            compiled_tiers.append((tier, key, compiled, selftest.compile_for(fixtures, tier_target)))
+    gpus = []
+    for kind in (t for t in targets if t != "llvm"):
+        ((arch, gpu_target),) = compile_cache.tiers_for(kind, options.num_cores, options.cuda_arch)
+        progress(f"[4/6] compiling for {kind}{' ' + arch if kind == 'cuda' else ''}")
+        gpus.append((kind, arch, compile_cache.compile_model(model, spec, schemes, gpu_target, progress)))
+    reference = compiled_tiers[0][2] if compiled_tiers else None
+    if gpus and reference is None:
+        progress("[4/6] compiling the CPU reference for the GPU self-test (not packed)")
+        reference = compile_cache.compile_model(model, spec, schemes, cpu_tiers[0][1], progress)
+    every = [c for _t, _k, c, _s in compiled_tiers] + [c for _k, _a, c in gpus]
+    param_order = every[0].param_names
+    if any(c.param_names != param_order for c in every):
+        raise BuildError("internal: the compiled modules disagree on the parameter order")
+    if missing := [n for n in param_order if n not in tensors]:
         raise BuildError(f"internal: no packed weight for parameters {missing[:3]}")
-    st_tensors, st_cases = selftest.tensors_and_manifest(fixtures)
-    cpu_tiers = [
+
+    # 5. GPU self-test fixture: a fixed prompt's logits from the CPU module, which every GPU that
+    #    loads the bundle must reproduce.
+    kv = kv_cache(spec, options.kv_dtype)
+    gpu_fixture: list[tuple[str, np.ndarray]] = []
+    gpu_selftest = None
+    if gpus:
+        progress(f"[5/6] GPU self-test fixture: {gpu_reference.PROMPT_TOKENS} tokens through the CPU module")
+        weights = [tensors[n] for n in param_order]
+        gpu_fixture, gpu_selftest = gpu_reference.tensors(reference.library, weights, spec.vocab_size, kv)
+
+    # 6. Pack: manifest + aligned, hashed blobs, written atomically.
+    progress(f"[6/6] writing {output}")
+    st_tensors, st_cases = selftest.tensors_and_manifest(fixtures) if compiled_tiers else ([], _NO_CASES)
+    cpu_entries = [
         manifest.CpuTier(tier=tier, module=key, selftest=f"selftest@{tier}", target=c.target)
         for tier, key, c, _st in compiled_tiers
     ]
-    contract = _manifest(ckpt, options, schemes, param_order, cpu_tiers, st_cases)
+    gpu_entries = [
+        manifest.GpuModule(
+            kind=k,
+            arch=a if k == "cuda" else "",
+            module=k,
+            target=c.target,
+            kernels=f"{k}.kernels" if c.kernels else "",
+            kernels_source_sha256=c.kernels_source_sha256,
+        )
+        for k, a, c in gpus
+    ]
+    contract = _manifest(
+        ckpt, options, schemes, param_order, cpu_entries, st_cases, gpu_entries, gpu_selftest
+    )
     modules = []
     for tier, key, c, st in compiled_tiers:
         modules += [(key, c.target, c.library), (f"selftest@{tier}", c.target, st)]
+    for k, _a, c in gpus:
+        modules.append((k, c.target, c.library))
+        if c.kernels:
+            modules.append((f"{k}.kernels", {**c.target, "format": "cuda-binary"}, c.kernels))
     info = giw.write_bundle(
         output,
         contract.to_json(),
-        [*((name, tensors[name]) for name in param_order), *st_tensors, _tokenizer_tensor(ckpt)],
+        [
+            *((name, tensors[name]) for name in param_order),
+            *st_tensors,
+            *gpu_fixture,
+            _tokenizer_tensor(ckpt),
+        ],
         modules,
     )
     seconds = time.perf_counter() - t0
+    cached = all(c.from_cache for c in every)
     progress(
-        f"built {output} ({info.size / 2**20:.1f} MiB, {spec.family}, {options.quant}, {options.target}) "
-        f"in {seconds:.1f}s{' (module from cache)' if compiled.from_cache else ''}"
+        f"built {output} ({info.size / 2**20:.1f} MiB, {spec.family}, {options.quant}, {','.join(targets)}) "
+        f"in {seconds:.1f}s{' (modules from cache)' if cached else ''}"
     )
-    return BuildResult(output, info.size, info.sha256, seconds, compiled.from_cache)
+    return BuildResult(output, info.size, info.sha256, seconds, cached)
+
+
+_NO_CASES = manifest.SelfTest(tolerance=0.0, cases=())
 
 
 def _layouts(model) -> tuple:
@@ -190,7 +267,7 @@ def _pack_weights(
         schemes[prefix] = scheme.NAME if scheme is not None else "f32"
         used.update(module.sources)
         if i % 16 == 0 or i == len(weighted):
-            progress(f"[3/5] quantized {i}/{len(weighted)} weights")
+            progress(f"[3/6] quantized {i}/{len(weighted)} weights")
     kinds = Counter(schemes[prefix] for prefix, module in weighted if hasattr(module, "scheme"))
     progress("      schemes: " + ", ".join(f"{n} x{c}" for n, c in sorted(kinds.items())))
     unused = sorted(set(ckpt.tensors) - used)
@@ -225,6 +302,8 @@ def _manifest(
     param_order: list[str],
     cpu_tiers: list[manifest.CpuTier],
     selftest: manifest.SelfTest,
+    gpu_modules: list[manifest.GpuModule],
+    gpu_selftest: manifest.GpuSelfTest | None,
 ) -> manifest.Manifest:
     import tvm
 
@@ -243,5 +322,7 @@ def _manifest(
         cpu_tiers=tuple(cpu_tiers),
         selftest=selftest,
         source=manifest.Source(ref=Path(ckpt.source).name, sha256=ckpt.sha256),
-        build=manifest.Build(target=options.target, quant=options.quant),
+        build=manifest.Build(target=",".join(options.targets), quant=options.quant),
+        gpu_modules=tuple(gpu_modules),
+        gpu_selftest=gpu_selftest,
     )

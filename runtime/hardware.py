@@ -1,5 +1,5 @@
 """The block a hardware bug report needs (`goinfer check --hardware`): build, OS, CPU, ISA tiers,
-memory, backends and self-test results. It names no host, user, home directory or address."""
+memory, GPU, backends and self-test results. It names no host, user, home directory or address."""
 
 from __future__ import annotations
 
@@ -42,8 +42,9 @@ def _meminfo_gib(key: str) -> float | None:
 
 
 def facts() -> dict[str, Any]:
-    from goinfer.runtime import selftest, threads
+    from goinfer.runtime import cuda, selftest, threads
 
+    gpu = cuda.probe()
     info = _cpuinfo()
     flags = set(info.get("flags", "").split())
     return {
@@ -56,7 +57,12 @@ def facts() -> dict[str, Any]:
         "kernel_threads": threads.configure(),
         "isa": {f: f in flags for f in ISA_FLAGS},
         "memory_gib": {"total": _meminfo_gib("MemTotal"), "available": _meminfo_gib("MemAvailable")},
-        "backends": {"llvm (CPU)": "linked", "cuda": "not built", "metal": "not built"},
+        "backends": {
+            "llvm (CPU)": "linked",
+            "cuda": "usable" if gpu.usable else f"unavailable: {gpu.reason}",
+            "metal": "not run by this runtime (--target metal emits bundles for macOS)",
+        },
+        "gpu": gpu.to_json(),
         "selftest": [r.to_json() for r in selftest.RESULTS],
     }
 
@@ -68,6 +74,20 @@ def _version(package: str = "goinfer") -> str:
         return version(package)
     except PackageNotFoundError:
         return "unknown"
+
+
+def _gpu_lines(gpu: dict[str, Any] | None) -> list[str]:
+    """One line per usable device, else one saying why none is."""
+    if gpu is None:
+        return []
+    if not gpu["usable"]:
+        return [f"gpu       none usable ({gpu['reason']})"]
+    versions = f"driver {gpu['driver_version']}, runtime {gpu['runtime_version']}"
+    return [
+        f"gpu       cuda:{d['index']} {d['name']}, {d['arch']}, {d['total_memory'] / 2**30:.1f} GiB, "
+        + versions
+        for d in gpu["devices"]
+    ]
 
 
 def render(f: dict[str, Any], tiers: list[tuple[str, str]]) -> str:
@@ -83,6 +103,7 @@ def render(f: dict[str, Any], tiers: list[tuple[str, str]]) -> str:
         f"memory    {mem['total']:.1f} GiB total, {mem['available']:.1f} GiB available"
         if mem["total"] is not None
         else "memory    unknown",
+        *_gpu_lines(f.get("gpu")),
         "backends  " + ", ".join(f"{k}: {v}" for k, v in f["backends"].items()),
     ]
     for r in f["selftest"] or [{"status": "not run"}]:

@@ -59,8 +59,13 @@ def common_prefix(a: list[int], b: np.ndarray) -> int:
 
 
 class KVPool:
-    def __init__(self, kv, page_size: int, warm_limit: int, chunk: int, exact_only: bool = True):
+    def __init__(
+        self, kv, page_size: int, warm_limit: int, chunk: int, exact_only: bool = True, on_host: bool = True
+    ):
         self.kv, self.page_size, self.chunk = kv, page_size, chunk
+        # Checkpoints copy pages through host arrays: only a CPU cache's are taken (a GPU's
+        # sessions keep their ids, and are re-prefilled when restored).
+        self.on_host = on_host
         self.warm_limit, self.exact_only = warm_limit, exact_only
         self.seqs: dict[int, Seq] = {}
         self._ids = itertools.count(1)  # 0 stays free: TVM's checkpoints go through it
@@ -111,7 +116,9 @@ class KVPool:
     # sequence's blocks (see above), so exports happen at shutdown, when nothing continues.
     def export(self, seq: Seq) -> tuple[str, list] | None:
         """`seq`'s KV as TVM checkpoints it, or None where it cannot (sliding-window layers, no
-        page free for the fork). Only at shutdown: `seq` is left split in two blocks."""
+        page free for the fork, a cache on a GPU). Only at shutdown: `seq` is left split in two blocks."""
+        if not self.on_host:
+            return None
         if seq.id != 0:
             if 0 in self.seqs:
                 self.drop(self.seqs[0])
@@ -132,6 +139,8 @@ class KVPool:
         """A warm sequence from an export, as sequence 0 (one block, as it was computed). TVM's
         import empties the cache: only into an empty pool."""
         assert not self.seqs, "a checkpoint import would drop the cache's sequences"
+        if not self.on_host:
+            raise ValueError("KV checkpoints are imported into a CPU cache only")
         rt.import_sequence0(self.kv, metadata, groups)
         seq = Seq(0, list(tokens), last_used=last_used, key=key, saved=len(tokens), exact=exact)
         self.seqs[0] = seq

@@ -20,7 +20,7 @@ from goinfer.artifacts import cache, giw
 from goinfer.artifacts.manifest import Manifest
 from tokenizers import Tokenizer
 
-from . import selftest
+from . import cuda, devices, gpu_selftest, selftest
 from . import tvm_runtime as rt
 from .chat import render_chat
 from .decode import generate_events
@@ -38,6 +38,10 @@ def _release_freed_heap() -> None:
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):  # not glibc (musl): nothing to trim
             ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def tokenizer_json(bundle: giw.Bundle, m: Manifest) -> str:
@@ -70,8 +74,10 @@ class Model:
         tokenizer: Tokenizer,
         tokenizer_text: str,
         load_seconds: float,
+        device: str = "cpu",
     ):
         self.bundle, self.vm, self.params, self.tokenizer = bundle, vm, params, tokenizer
+        self.device = device  # "cpu" | "cuda": where the weights, the KV cache and the kernels are
         self.manifest = manifest
         self.spec = manifest.model
         self.context_length = manifest.context_length
@@ -82,7 +88,7 @@ class Model:
         self.prefill_chunk = manifest.kv_cache.prefill_chunk  # the most a forward may feed
         self.chunk = min(DEFAULT_PREFILL_CHUNK, self.prefill_chunk)  # what prompts are fed in
         self.load_seconds = load_seconds
-        self.tier: str | None = None  # the CPU ISA tier the self-test chose
+        self.tier: str | None = None  # the CPU ISA tier the self-test chose (None on a GPU)
         self.self_test: selftest.SelfTestResult | None = None
         self._kv = None
         self._kv_len = 0  # tokens of sequence 0 held in the cache
@@ -105,28 +111,49 @@ class Model:
         verify: str = "once",
         cache_dir: Path | None = None,
         self_test: bool | None = None,
+        device: str = "auto",
     ) -> Model:
-        """Map a bundle and pick its CPU tier by the startup self-test (`self_test=False` or
-        GOINFER_NO_SELFTEST=1 skips it and trusts the best tier). `cache_dir` is the cache root."""
+        """Map a bundle and run it on `device` ("auto" | "cpu" | "cuda", runtime/devices.py).
+
+        On the CPU the startup self-test picks the ISA tier; on a GPU it runs the bundle's fixed
+        prompt against the CPU module's logits, and a GPU that disagrees hands the model to the CPU
+        (`self_test=False` or GOINFER_NO_SELFTEST=1 skips either). `cache_dir` is the cache root."""
         t0 = time.perf_counter()
         bundle = giw.open_bundle(path, verify=verify, cache_dir=cache_dir, private=True)
         try:
             m = Manifest.of(bundle)
-        except giw.BundleError:
+            where = devices.choose(m, device, Path(path).name, _say)
+        except (giw.BundleError, devices.DeviceError):
             bundle.close()
             raise
         lib_dir = cache.folder("libs", cache_dir)
         enabled = not selftest.disabled_by_env() if self_test is None else self_test
-        tier, result = selftest.choose_tier(bundle, m, lib_dir, enabled)
-        vm = rt.load_vm(str(bundle.extract_module(tier.module, lib_dir)))
-        params = rt.tensor_list([rt.wrap(bundle.tensor(name)) for name in m.params])
+        tier = result = None
+        if where == "cuda":
+            try:
+                vm, params, result = gpu_selftest.load_cuda(bundle, m, lib_dir, enabled, _say)
+            except cuda.CudaError as e:  # the driver loaded, but the device refused (memory, a fault)
+                if device != "auto" or not m.cpu_tiers:
+                    bundle.close()
+                    raise devices.DeviceError(f"bundle {Path(path).name}: {e}") from None
+                _say(f"goinfer: {Path(path).name}: running on the CPU: {e}")
+                vm = None
+            except selftest.SelfTestError:  # wrong on this GPU, and no CPU module to run instead
+                bundle.close()
+                raise
+            if vm is None:  # the GPU failed or disagreed with the CPU module: run on the CPU
+                where = "cpu"
+        if where == "cpu":
+            tier, result = selftest.choose_tier(bundle, m, lib_dir, enabled)
+            vm = rt.load_vm(str(bundle.extract_module(tier.module, lib_dir)))
+            params = rt.tensor_list([rt.wrap(bundle.tensor(name)) for name in m.params])
         # The slowest step of a load (~0.5 s for Qwen's 151k-token vocabulary). It holds the GIL
         # throughout, so a thread beside the kernel load gains nothing (measured).
         text = tokenizer_json(bundle, m)
         tokenizer = Tokenizer.from_str(text)
         _release_freed_heap()
-        model = cls(bundle, m, vm, params, tokenizer, text, time.perf_counter() - t0)
-        model.tier, model.self_test = tier.tier, result
+        model = cls(bundle, m, vm, params, tokenizer, text, time.perf_counter() - t0, where)
+        model.tier, model.self_test = (tier.tier if tier else None), result
         return model
 
     # -- tokens --------------------------------------------------------------------------
@@ -180,16 +207,18 @@ class Model:
         else the prefill graphs. `begin_forward` commits pages before the model runs, so a call
         that fails is rolled back: the cache is as it was."""
         lengths = [len(c) for c in chunks]
+        ids = self._ids
         if every_position:
-            fn, args = "prefill_all", [rt.int32_tensor([t for c in chunks for t in c])]
-        elif lengths == [1]:
+            fn, args = "prefill_all", [ids([t for c in chunks for t in c])]
+        elif lengths == [1] and self.device == "cpu":
             self._token[0] = chunks[0][0]
             fn, args = "decode", [self._token_tensor]
+        elif lengths == [1]:
+            fn, args = "decode", [ids(chunks[0])]
         elif all(n == 1 for n in lengths):
-            fn, args = "batch_decode", [rt.int32_tensor([c[0] for c in chunks])]
+            fn, args = "batch_decode", [ids([c[0] for c in chunks])]
         else:
-            ids = rt.int32_tensor([t for c in chunks for t in c])
-            fn, args = "batch_prefill", [ids, rt.int32_tensor(np.cumsum(lengths) - 1)]
+            fn, args = "batch_prefill", [ids([t for c in chunks for t in c]), ids(np.cumsum(lengths) - 1)]
         rt.begin_forward(kv, seq_ids, lengths)
         try:
             logits = self._entry[fn](*args, kv, self.params)
@@ -198,7 +227,11 @@ class Model:
             for seq, n in zip(seq_ids, lengths, strict=True):
                 rt.pop_tokens(kv, seq, n)
             raise
-        return rt.to_numpy(logits)[0]
+        return (rt.to_numpy(logits) if self.device == "cpu" else cuda.download(logits))[0]
+
+    def _ids(self, values):
+        """int32 token ids (or positions) where the model runs."""
+        return rt.int32_tensor(values) if self.device == "cpu" else cuda.upload(np.asarray(values, np.int32))
 
     # -- forward passes on one sequence (the CLI, benches, tests; the server's scheduler
     # drives `run` on its own cache) -------------------------------------------------------

@@ -129,7 +129,8 @@ class Scheduler:
         self.capacity = config.kv_tokens or model.context_length
         kv = model.create_cache(max(1, config.max_concurrent), self.capacity)
         page = model.manifest.kv_cache.page_size
-        self.pool = KVPool(kv, page, config.kv_sessions, self.chunk, config.prefix_reuse == "exact")
+        exact, on_host = config.prefix_reuse == "exact", model.device == "cpu"
+        self.pool = KVPool(kv, page, config.kv_sessions, self.chunk, exact, on_host)
         self.probe: tuple[float, float] | None = None  # (two single steps, one batched step of two), s
         self.batch = config.batch == "on" or (config.batch == "auto" and self._batching_pays())
         self.sessions = (

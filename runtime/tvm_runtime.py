@@ -84,11 +84,17 @@ _checkpoint = {
 }
 
 
-def load_vm(library_path: str):
-    """The Relax VM over a compiled library, on the CPU with the pooled allocator; index it by
-    entry point name (`vm["decode"]`)."""
+_CUDA_DEVICE_TYPE = 2  # kDLCUDA
+DEVICE_TYPES = {"cpu": _CPU_DEVICE_TYPE, "cuda": _CUDA_DEVICE_TYPE}
+
+
+def load_vm(library_path: str, device: str = "cpu", device_id: int = 0):
+    """The Relax VM over a compiled library, on `device` ("cpu" | "cuda") with the pooled
+    allocator; index it by entry point name (`vm["decode"]`). A GPU's VM takes the CPU too, last,
+    as its host (shape arithmetic runs there)."""
     vm = tvm_ffi.load_module(library_path)["vm_load_executable"]()
-    vm["vm_initialization"](_CPU_DEVICE_TYPE, 0, _POOLED_ALLOCATOR)
+    devices = [(DEVICE_TYPES[device], device_id)] + ([(_CPU_DEVICE_TYPE, 0)] if device != "cpu" else [])
+    vm["vm_initialization"](*(x for kind, i in devices for x in (kind, i, _POOLED_ALLOCATOR)))
     return vm
 
 

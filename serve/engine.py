@@ -29,6 +29,7 @@ class ModelInfo:
     vocab_size: int = 0  # token ids a completions prompt may use (0: unchecked)
     vision: bool = False  # no model here accepts image parts yet
     chat_template: str = ""  # the checkpoint's own (it decides the tool-call format)
+    selftest: dict[str, Any] | None = None  # the load's self-test (CPU tier or GPU), for /health
 
 
 class Engine(Protocol):

@@ -26,8 +26,11 @@ class ModelEngine:
         self.scheduler: Scheduler | None = Scheduler(model, config)
         s = self.scheduler
         m = model.manifest
-        quant, target = m.quant, m.build.target
-        where = f"{target}/{model.tier}" if model.tier else target
+        quant = m.quant
+        if model.device == "cuda":
+            where = "cuda/" + next(g.arch for g in m.gpu_modules if g.kind == "cuda")
+        else:
+            where = f"llvm/{model.tier}" if model.tier else "llvm"
         batched = f"batched up to {config.max_concurrent} sequences" if s.batch else "one sequence a forward"
         if s.probe is not None:  # --cpu-batch auto decided from a measurement: say which
             batched += (
@@ -43,15 +46,20 @@ class ModelEngine:
             family=m.family,
             vocab_size=m.model.vocab_size,
             chat_template=model.chat_template,
+            selftest=model.self_test.to_json() if model.self_test else None,
         )
         # llguidance's tokenizer view takes ~1.7 s for a 152k vocabulary: built now, off the request path.
         self.grammar: GrammarTokenizer | None = model.grammar.start()
 
     @classmethod
     def load(
-        cls, path: str | Path, self_test: bool | None = None, config: SchedulerConfig | None = None
+        cls,
+        path: str | Path,
+        self_test: bool | None = None,
+        config: SchedulerConfig | None = None,
+        device: str = "auto",
     ) -> ModelEngine:
-        return cls(Model.load(path, self_test=self_test), path, config)
+        return cls(Model.load(path, self_test=self_test, device=device), path, config)
 
     def _model(self) -> Model:
         if self.model is None:

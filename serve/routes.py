@@ -168,5 +168,13 @@ def model_entry(slot: ModelSlot, created: int) -> dict[str, Any]:
 @routes.get("/health")
 async def health(request: web.Request) -> web.Response:
     reg = request.config_dict[REGISTRY]
-    models = {name: {"running_or_queued": s.admitted, **s.engine.stats()} for name, s in reg.slots.items()}
+    models = {
+        name: {
+            "running_or_queued": s.admitted,
+            "target": s.engine.info.target,  # "cuda/sm_90", "llvm/avx512-vnni": where it runs
+            "selftest": s.engine.info.selftest,
+            **s.engine.stats(),
+        }
+        for name, s in reg.slots.items()
+    }
     return web.json_response({"status": "ok", "models": models, "loading": sorted(reg.loading)})

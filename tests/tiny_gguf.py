@@ -21,6 +21,7 @@ import itertools
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,26 @@ HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN = 64, 4, 2, 16, 128
 CONTEXT = 256
 SLIDING_WINDOW = 4
 LAYERS = {"llama": 2, "qwen2": 2, "gemma3": 6}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A model's dimensions; the default is the tiny one every test uses. A larger one (a real
+    model's layer shapes, few layers, the tiny vocabulary) makes a synthetic file for benchmarks."""
+
+    hidden: int = HIDDEN
+    heads: int = HEADS
+    kv_heads: int = KV_HEADS
+    head_dim: int = HEAD_DIM
+    ffn: int = FFN
+    context: int = CONTEXT
+    layers: int | None = None  # None: the family's (LAYERS)
+
+    def n_layers(self, family: str) -> int:
+        return self.layers if self.layers is not None else LAYERS[family]
+
+
+TINY = Shape()
 ROPE_THETA = {"llama": 10000.0, "qwen2": 1000000.0, "gemma3": 1000000.0}
 # general.file_type (llama_ftype) per encoding of the 2-D weights.
 FILE_TYPES = {"F32": 0, "F16": 1, "BF16": 32, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9}
@@ -56,7 +77,9 @@ Numbers like 12, 345 and 6789 appear in text; so do symbols such as #, $, %, & a
 _NORMAL, _CONTROL, _USER_DEFINED, _BYTE = 1, 3, 4, 6
 
 
-def write_tiny_gguf(path: str | Path, family: str, *, seed: int = 0, tensor_type: str = "F32") -> Path:
+def write_tiny_gguf(
+    path: str | Path, family: str, *, seed: int = 0, tensor_type: str = "F32", shape: Shape = TINY
+) -> Path:
     """Write a tiny ``family`` checkpoint to ``path``; 2-D weights are stored as ``tensor_type``."""
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}; one of {FAMILIES}")
@@ -64,12 +87,12 @@ def write_tiny_gguf(path: str | Path, family: str, *, seed: int = 0, tensor_type
         raise ValueError(f"unsupported tensor_type {tensor_type!r}; one of {tuple(FILE_TYPES)}")
     path = Path(path)
     w = GGUFWriter(str(path), family)
-    _write_hparams(w, family, tensor_type)
+    _write_hparams(w, family, tensor_type, shape)
     _write_vocab(w, family)
     qtype = GGMLQuantizationType[tensor_type]
-    for name, array in tiny_weights(family, seed=seed).items():
+    for name, array in tiny_weights(family, seed=seed, shape=shape).items():
         if family == "llama" and name.split(".")[-2] in ("attn_q", "attn_k"):
-            array = _permute(array, HEADS if ".attn_q." in name else KV_HEADS)
+            array = _permute(array, shape.heads if ".attn_q." in name else shape.kv_heads)
         if array.ndim == 1 or qtype == GGMLQuantizationType.F32:
             w.add_tensor(name, array)  # norms and biases stay F32, as converters keep them
         elif qtype == GGMLQuantizationType.F16:
@@ -83,7 +106,7 @@ def write_tiny_gguf(path: str | Path, family: str, *, seed: int = 0, tensor_type
     return path
 
 
-def tiny_weights(family: str, *, seed: int = 0) -> dict[str, np.ndarray]:
+def tiny_weights(family: str, *, seed: int = 0, shape: Shape = TINY) -> dict[str, np.ndarray]:
     """The float32 weights of the tiny ``family`` model in numpy (out, in) order, Q/K rows half-split."""
     rng = np.random.default_rng(seed)
     vocab = len(tiny_vocab(family)[0])
@@ -94,22 +117,23 @@ def tiny_weights(family: str, *, seed: int = 0) -> dict[str, np.ndarray]:
     def norm(n: int) -> np.ndarray:
         return (1.0 + rng.standard_normal(n) * 0.05).astype(np.float32)
 
-    q, kv = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
-    weights = {"token_embd.weight": linear(vocab, HIDDEN, 0.1), "output_norm.weight": norm(HIDDEN)}
+    q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    hidden, ffn = shape.hidden, shape.ffn
+    weights = {"token_embd.weight": linear(vocab, hidden, 0.1), "output_norm.weight": norm(hidden)}
     if family == "qwen2":
-        weights["output.weight"] = linear(vocab, HIDDEN, 0.1)
-    for i in range(LAYERS[family]):
+        weights["output.weight"] = linear(vocab, hidden, 0.1)
+    for i in range(shape.n_layers(family)):
         b = f"blk.{i}."
         weights |= {
-            b + "attn_norm.weight": norm(HIDDEN),
-            b + "attn_q.weight": linear(q, HIDDEN),
-            b + "attn_k.weight": linear(kv, HIDDEN),
-            b + "attn_v.weight": linear(kv, HIDDEN),
-            b + "attn_output.weight": linear(HIDDEN, q),
-            b + "ffn_norm.weight": norm(HIDDEN),
-            b + "ffn_gate.weight": linear(FFN, HIDDEN),
-            b + "ffn_up.weight": linear(FFN, HIDDEN),
-            b + "ffn_down.weight": linear(HIDDEN, FFN),
+            b + "attn_norm.weight": norm(hidden),
+            b + "attn_q.weight": linear(q, hidden),
+            b + "attn_k.weight": linear(kv, hidden),
+            b + "attn_v.weight": linear(kv, hidden),
+            b + "attn_output.weight": linear(hidden, q),
+            b + "ffn_norm.weight": norm(hidden),
+            b + "ffn_gate.weight": linear(ffn, hidden),
+            b + "ffn_up.weight": linear(ffn, hidden),
+            b + "ffn_down.weight": linear(hidden, ffn),
         }
         if family == "qwen2":
             weights |= {
@@ -119,10 +143,10 @@ def tiny_weights(family: str, *, seed: int = 0) -> dict[str, np.ndarray]:
             }
         if family == "gemma3":
             weights |= {
-                b + "attn_q_norm.weight": norm(HEAD_DIM),
-                b + "attn_k_norm.weight": norm(HEAD_DIM),
-                b + "post_attention_norm.weight": norm(HIDDEN),
-                b + "post_ffw_norm.weight": norm(HIDDEN),
+                b + "attn_q_norm.weight": norm(shape.head_dim),
+                b + "attn_k_norm.weight": norm(shape.head_dim),
+                b + "post_attention_norm.weight": norm(hidden),
+                b + "post_ffw_norm.weight": norm(hidden),
             }
     return weights
 
@@ -132,23 +156,23 @@ def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _write_hparams(w: GGUFWriter, family: str, tensor_type: str) -> None:
+def _write_hparams(w: GGUFWriter, family: str, tensor_type: str, shape: Shape = TINY) -> None:
     w.add_name(f"tiny-{family}")
-    w.add_context_length(CONTEXT)
-    w.add_embedding_length(HIDDEN)
-    w.add_block_count(LAYERS[family])
-    w.add_feed_forward_length(FFN)
-    w.add_head_count(HEADS)
-    w.add_head_count_kv(KV_HEADS)
+    w.add_context_length(shape.context)
+    w.add_embedding_length(shape.hidden)
+    w.add_block_count(shape.n_layers(family))
+    w.add_feed_forward_length(shape.ffn)
+    w.add_head_count(shape.heads)
+    w.add_head_count_kv(shape.kv_heads)
     w.add_rope_freq_base(ROPE_THETA[family])
     w.add_layer_norm_rms_eps(1e-6 if family != "llama" else 1e-5)
     w.add_file_type(FILE_TYPES[tensor_type])
     if family == "llama":
         w.add_vocab_size(len(tiny_vocab(family)[0]))
-        w.add_rope_dimension_count(HEAD_DIM)
+        w.add_rope_dimension_count(shape.head_dim)
     if family == "gemma3":
-        w.add_key_length(HEAD_DIM)
-        w.add_value_length(HEAD_DIM)
+        w.add_key_length(shape.head_dim)
+        w.add_value_length(shape.head_dim)
         w.add_sliding_window(SLIDING_WINDOW)
     if tensor_type not in ("F32", "F16", "BF16"):
         w.add_quantization_version(2)

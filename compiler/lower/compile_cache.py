@@ -31,24 +31,35 @@ class Compiled:
     param_names: list[str]  # the order the entry points take their parameters in
     target: dict[str, Any]
     from_cache: bool
+    # CUDA: the kernels compiled ahead of time (fatbin or cubin), and the sha256 of the source
+    # they were compiled from, which is what the module asks to have compiled when it loads.
+    kernels: bytes = b""
+    kernels_source_sha256: str = ""
 
 
 def cache_dir() -> Path:
     return cache.folder("modules")
 
 
-def tiers_for(name: str, num_cores: int | None) -> list[tuple[str, dict[str, Any]]]:
-    """(tier, target) to compile for, best first (see tvm_api.cpu_tiers)."""
-    if name != "llvm":
-        raise ValueError(f"target {name!r} is not built yet")
-    return tvm_api.cpu_tiers(num_cores)
+def tiers_for(
+    name: str, num_cores: int | None, cuda_arch: str = tvm_api.DEFAULT_CUDA_ARCH
+) -> list[tuple[str, dict[str, Any]]]:
+    """(tier, target) to compile for, best first: the CPU's ISA tiers (see tvm_api.cpu_tiers), a
+    CUDA arch ("sm_90"), or Metal."""
+    if name == "llvm":
+        return tvm_api.cpu_tiers(num_cores)
+    if name == "cuda":
+        return [(cuda_arch, tvm_api.cuda_target(cuda_arch, num_cores))]
+    if name == "metal":
+        return [("metal", tvm_api.metal_target())]
+    raise ValueError(f"unknown target {name!r}")
 
 
 class Exportable(Protocol):
     kv_dtype: str  # the KV cache's dtype, which the exported module is built for
 
-    def exported(self) -> tuple[Any, list[tuple[str, Any]]]:
-        """The model's Relax module and its (name, parameter) list, as compiled."""
+    def exported(self, target: Any = None) -> tuple[Any, list[tuple[str, Any]]]:
+        """The model's Relax module for the target's kind and its (name, parameter) list."""
         ...
 
 
@@ -65,24 +76,42 @@ def compile_model(
     }
     key = hashlib.sha256(json.dumps(key_src, sort_keys=True).encode()).hexdigest()[:32]
     entry = cache_dir() / key
-    lib, names = entry / "module.so", entry / "params.json"
-    if lib.is_file() and names.is_file():
+    # Metal's host code is arm64 Mach-O, linked where it loads: its objects travel as a tar.
+    lib, names = entry / ("module.tar" if target["kind"] == "metal" else "module.so"), entry / "params.json"
+    kernels, kernels_meta = entry / "kernels.bin", entry / "kernels.json"
+    gpu_kernels = target["kind"] == "cuda"
+    if lib.is_file() and names.is_file() and (not gpu_kernels or kernels_meta.is_file()):
         progress(f"      reusing compiled module {key}")
-        return Compiled(lib.read_bytes(), json.loads(names.read_text()), target, True)
+        sha = json.loads(kernels_meta.read_text())["source_sha256"] if gpu_kernels else ""
+        binary = kernels.read_bytes() if gpu_kernels else b""
+        return Compiled(lib.read_bytes(), json.loads(names.read_text()), target, True, binary, sha)
 
     t0 = time.perf_counter()
-    mod, params = model.exported()
+    tvm_target = tvm_api.make_target(target)
+    mod, params = model.exported(tvm_target)
     progress(
         f"      exported {len(mod.functions_items())} functions in {time.perf_counter() - t0:.1f}s; compiling"
     )
-    executable = tvm_api.compile_module(mod, tvm_api.make_target(target), schedules.cpu_rules())
+    executable = tvm_api.compile_module(mod, tvm_target, schedules.rules_for(target["kind"]))
     entry.mkdir(parents=True, exist_ok=True)
     # Written to a temp name then renamed, so a crash never leaves a half library in the cache.
+    binary, sha = b"", ""
+    if gpu_kernels:
+        source = tvm_api.cuda_source(executable)
+        binary, sha = (
+            tvm_api.compile_cuda_source(source, tvm_target),
+            hashlib.sha256(source.encode()).hexdigest(),
+        )
     with tempfile.TemporaryDirectory(dir=entry) as tmp:
-        tmp_lib = Path(tmp) / "module.so"
+        tmp_lib = Path(tmp) / lib.name
         tvm_api.export_library(executable, str(tmp_lib))
         (Path(tmp) / "params.json").write_text(json.dumps([n for n, _ in params]))
+        if gpu_kernels:
+            (Path(tmp) / "kernels.bin").write_bytes(binary)
+            (Path(tmp) / "kernels.json").write_text(json.dumps({"source_sha256": sha}))
+            os.replace(Path(tmp) / "kernels.bin", kernels)
+            os.replace(Path(tmp) / "kernels.json", kernels_meta)
         os.replace(Path(tmp) / "params.json", names)
         os.replace(tmp_lib, lib)
     progress(f"      compiled in {time.perf_counter() - t0:.1f}s")
-    return Compiled(lib.read_bytes(), [n for n, _ in params], target, False)
+    return Compiled(lib.read_bytes(), [n for n, _ in params], target, False, binary, sha)

@@ -1,4 +1,5 @@
-"""CPU schedules: every kernel gets its loops parallelised across cores; none runs as written.
+"""Schedules. On a CPU every kernel gets its loops parallelised across cores; none runs as written.
+On a GPU, dlight's rules schedule the plain kernels of a GPU graph (`gpu_rules`).
 
 - QuantMatmul: our quantized matmuls (block "qmatmul"): output rows split across cores, K innermost
   and read in storage order, so a weight is streamed once, dequantized in registers.
@@ -142,3 +143,22 @@ class ParallelFallback(dlight.ScheduleRule):
 
 def cpu_rules() -> list[dlight.ScheduleRule]:
     return [QuantMatmul(), SmallSerial(), dlight.cpu.Reduction(), dlight.cpu.GEMV(), ParallelFallback()]
+
+
+def gpu_rules() -> list[dlight.ScheduleRule]:
+    """dlight's GPU rules: a prefill matmul on tensor cores (float16 operands, sm_70+), decode's
+    dequant-fused GEMV, batched decode's low-batch GEMV, the norms' reductions; anything else is
+    bound to threads by Fallback. Kernels the KV cache brings are scheduled already."""
+    gpu = dlight.gpu
+    return [
+        gpu.Matmul(),
+        gpu.GEMV(),
+        gpu.LowBatchGEMV(),
+        gpu.Reduction(),
+        gpu.GeneralReduction(),
+        gpu.Fallback(),
+    ]
+
+
+def rules_for(kind: str) -> list[dlight.ScheduleRule]:
+    return cpu_rules() if kind == "llvm" else gpu_rules()

@@ -5,12 +5,16 @@ If a TVM upgrade breaks the build, this file and schedules.py are where to look.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
+import shutil
+from collections.abc import Iterator
 from typing import Any
 
 import tvm
 import tvm_ffi
-from tvm import relax, tirx
+from tvm import relax, s_tir, tirx
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn.core import _attribute_finder
 from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache, RopeMode, TIRPagedKVCache
@@ -52,6 +56,140 @@ def host_target(num_cores: int | None = None) -> dict[str, Any]:
 
 def make_target(target: dict[str, Any]) -> Target:
     return Target(target)
+
+
+# -- GPU targets ----------------------------------------------------------------------------------
+DEFAULT_CUDA_ARCH = "sm_90"  # the H200/H100; its PTX is embedded too, so newer GPUs can JIT it
+
+
+def cuda_target(arch: str = DEFAULT_CUDA_ARCH, num_cores: int | None = None) -> dict[str, Any]:
+    """A CUDA GPU of compute capability `arch` ("sm_90"), the host side for this CPU."""
+    return {
+        "kind": "cuda",
+        "arch": arch,
+        "max_threads_per_block": 1024,
+        "max_shared_memory_per_block": 49152,
+        "thread_warp_size": 32,
+        "host": host_target(num_cores),
+    }
+
+
+# Metal's vector types stop at 4 lanes: codegen refuses float16x8, so schedules for it must not
+# vectorize wider (see cap_vector_lanes).
+METAL_MAX_LANES = 4
+
+
+def metal_target() -> dict[str, Any]:
+    """An Apple-silicon GPU; the host side is arm64 macOS, linked on the Mac that loads it."""
+    return {
+        "kind": "metal",
+        "max_threads_per_block": 1024,
+        "max_shared_memory_per_block": 32768,
+        "thread_warp_size": 32,
+        "host": {"kind": "llvm", "mtriple": "arm64-apple-macos", "mcpu": "apple-m1"},
+    }
+
+
+def cap_vector_lanes(mod: tvm.IRModule, lanes: int) -> tvm.IRModule:
+    """Every vectorized loop longer than `lanes` split into a serial loop over `lanes`-wide ones
+    (a schedule's 8-lane float16 loads become two 4-lane loads on Metal)."""
+
+    def blocks_under(sch: s_tir.Schedule, parent):
+        for block in sch.get_child_blocks(parent):
+            yield block
+            yield from blocks_under(sch, block)
+
+    out = mod.clone()
+    for gv, func in mod.functions_items():
+        if not isinstance(func, tirx.PrimFunc):
+            continue
+        sch = s_tir.Schedule(func)
+        try:
+            root = sch.get_sblock("root")
+        except Exception:  # no blocks: nothing a schedule vectorized
+            continue
+        changed = False
+        for block in list(blocks_under(sch, root)):
+            for loop in sch.get_loops(block):
+                st = sch.get(loop)
+                extent = st.extent
+                if st.kind != tirx.ForKind.VECTORIZED or not isinstance(extent, tirx.IntImm):
+                    continue
+                if int(extent) > lanes and int(extent) % lanes == 0:
+                    _outer, inner = sch.split(loop, [None, lanes])
+                    sch.vectorize(inner)
+                    changed = True
+        if changed:
+            out.update_func(gv, sch.mod["main"])
+    return out
+
+
+@contextlib.contextmanager
+def cuda_compiler() -> Iterator[None]:
+    """Where TVM compiles CUDA itself (a host whose CUDA runtime is loaded), compile to
+    `compile_cuda_source`'s fatbin rather than TVM's default single-arch NVRTC cubin."""
+    previous = tvm_ffi.get_global_func("tvm_callback_cuda_compile", allow_missing=True)
+    tvm_ffi.register_global_func(
+        "tvm_callback_cuda_compile", lambda code: compile_cuda_source(code, Target.current()), override=True
+    )
+    try:
+        yield
+    finally:
+        if previous is not None:
+            tvm_ffi.register_global_func("tvm_callback_cuda_compile", previous, override=True)
+
+
+def cuda_source(executable) -> str:
+    """The CUDA C++ of a compiled executable's kernels. Without a loaded CUDA runtime (any host
+    without a driver) TVM 0.27 keeps the kernels as source, to be compiled when the module loads;
+    the build compiles them now instead (`compile_cuda_source`)."""
+
+    def walk(m):
+        yield m
+        for child in m.imports:
+            yield from walk(child)
+
+    found = [m for m in walk(executable.mod) if m.kind == "cuda"]
+    return found[0].inspect_source("cuda") if found else ""
+
+
+def _nvcc_path() -> str | None:
+    from tvm.support import nvcc
+
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    try:
+        home = nvcc.find_cuda_path()
+    except RuntimeError:
+        return None
+    candidate = os.path.join(home, "bin", "nvcc")
+    return candidate if os.path.exists(candidate) else None
+
+
+def cuda_compiler_name() -> str | None:
+    """The CUDA compiler here: "nvcc" (first: it embeds PTX), "nvrtc", or None for neither."""
+    if _nvcc_path() is not None:
+        return "nvcc"
+    try:
+        from cuda.bindings import nvrtc  # noqa: F401  (cuda-bindings and nvidia-cuda-nvrtc)
+    except ImportError:
+        return None
+    return "nvrtc"
+
+
+def compile_cuda_source(source: str, target: Target) -> bytes:
+    """`source` compiled for `target`'s arch: with nvcc, a fatbin holding the arch's SASS and its
+    PTX, so a newer GPU can JIT it; without nvcc, NVRTC's SASS alone (pip install
+    'goinfer[cuda-build]')."""
+    from tvm.support import nvcc
+
+    arch = str(target.attrs["arch"]).removeprefix("sm_")
+    with target:
+        if cuda_compiler_name() == "nvcc":
+            gencode = ["-gencode", f"arch=compute_{arch},code=[sm_{arch},compute_{arch}]"]
+            return bytes(nvcc.compile_cuda(source, target_format="fatbin", arch=gencode, compiler="nvcc"))
+        return bytes(nvcc.compile_cuda(source, target_format="cubin", arch=f"sm_{arch}", compiler="nvrtc"))
 
 
 def modules_of_type(root: nn.Module, cls: type) -> list[tuple[str, Any]]:
@@ -174,6 +312,7 @@ def compile_module(mod: tvm.IRModule, target: Target, schedule_rules: list[dligh
             relax.transform.FuseTIR(),
             relax.transform.DeadCodeElimination(),
             dlight.ApplyDefaultSchedule(*schedule_rules),
+            *([cap_lanes(METAL_MAX_LANES)] if target.kind.name == "metal" else []),
             relax.transform.RewriteDataflowReshape(),
             relax.transform.ToNonDataflow(),
             relax.transform.RemovePurityChecking(),
@@ -189,11 +328,21 @@ def compile_module(mod: tvm.IRModule, target: Target, schedule_rules: list[dligh
         with target:
             return tvm.transform.Sequential(passes)(mod)
 
-    with target:
+    with target, cuda_compiler() if target.kind.name == "cuda" else contextlib.nullcontext():
         return tvm.compile(mod, target, relax_pipeline=pipeline)
 
 
+def cap_lanes(lanes: int) -> tvm.transform.Pass:
+    @tvm.transform.module_pass(opt_level=0, name="CapVectorLanes")
+    def apply(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        return cap_vector_lanes(mod, lanes)
+
+    return apply
+
+
 def export_library(executable, path: str) -> None:
+    """A shared library; for a path ending .tar, the unlinked objects (Metal: the host code is
+    arm64 Mach-O, linked on the Mac that loads it)."""
     executable.export_library(path)
 
 
@@ -292,7 +441,9 @@ def nontemporal_prefetch_pays(target: Target) -> bool:
 
 def specialize(mod: tvm.IRModule, target: Target) -> tvm.IRModule:
     """The kernels of `mod` as `target` runs them: each tagged PrimFunc's ISA form, and its
-    non-temporal prefetches kept only where they pay."""
+    non-temporal prefetches kept only where they pay. A GPU's graph has neither."""
+    if target.kind.name != "llvm":
+        return mod
     mod = pick_isa_variants(mod, target)
     if nontemporal_prefetch_pays(target):
         return mod

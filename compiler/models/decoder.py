@@ -22,7 +22,7 @@ from ..kernels import attention, kv_append
 from ..lower import tvm_api
 from ..sources.base import SourceTensor
 from ..spec import ModelSpec
-from .layers import Bias, QLinear, RMSNorm, RopeTables, SchemePicker, rope, rope_tables
+from .layers import Bias, QLinear, RMSNorm, RopeTables, SchemePicker, gpu_graph, rope, rope_tables
 
 
 class Attention(nn.Module):
@@ -158,16 +158,29 @@ class CausalLM(nn.Module):
             self.kv_dtype,
         )
 
-    def exported(self) -> tuple[tvm.IRModule, list[tuple[str, nn.Parameter]]]:
-        """The Relax module, with our attention and KV-copy kernels in place of the cache's stock
-        ones, exported once however many tiers compile it."""
-        if getattr(self, "_goinfer_exported", None) is None:
-            mod, params = tvm_api.export(self, self.export_spec())
+    def exported(
+        self, target: tvm_api.Target | None = None
+    ) -> tuple[tvm.IRModule, list[tuple[str, nn.Parameter]]]:
+        """The Relax module for `target`'s kind (default: the CPU's), exported once however many
+        tiers compile it. On the CPU our attention and KV-copy kernels replace the cache's stock
+        ones; a GPU graph keeps the stock GPU kernels the cache generates for its target."""
+        kind = "llvm" if target is None else target.kind.name
+        cache = self.__dict__.setdefault("_goinfer_exported", {})
+        if kind not in cache:
             s = self.spec
-            mod = attention.use_ours(mod, s.num_kv_heads, s.num_heads, s.head_dim, tvm_api.kv_window(s))
-            mod = kv_append.use_ours(mod, s.num_kv_heads, s.num_heads, s.head_dim)
-            self._goinfer_exported = mod, params
-        return self._goinfer_exported
+            if kind == "llvm":
+                mod, params = tvm_api.export(self, self.export_spec())
+                mod = attention.use_ours(mod, s.num_kv_heads, s.num_heads, s.head_dim, tvm_api.kv_window(s))
+                mod = kv_append.use_ours(mod, s.num_kv_heads, s.num_heads, s.head_dim)
+            else:
+                cpu, self.target = self.target, target  # the cache generates kernels for it
+                try:
+                    with gpu_graph():
+                        mod, params = tvm_api.export(self, self.export_spec())
+                finally:
+                    self.target = cpu
+            cache[kind] = mod, params
+        return cache[kind]
 
     def export_spec(self) -> nn.spec.ModuleSpec:
         kv = nn.spec.Object(object_type=tvm_api.kv_cache_type(self.kv_dtype))

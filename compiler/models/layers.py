@@ -7,15 +7,18 @@ per family, and every parameter is accounted for.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
-from collections.abc import Callable, Mapping, Sequence
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 from tvm import te, tirx
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
-from ..kernels import gated, norm
+from ..kernels import device, gated, norm
 from ..quant.scheme import Scheme
 from ..sources.base import SourceTensor
 from ..spec import ModelSpec
@@ -24,6 +27,25 @@ from ..spec import ModelSpec
 # noalias: without it LLVM must assume the output aliases the weights and spills every
 # accumulator to memory on each step (4x slower decode, measured).
 _KERNEL_ATTRS = {"op_pattern": 8, "tirx.noalias": True}
+
+# Whether the graph being exported is for a GPU: there, each block takes its plain form from
+# kernels/device.py (or Relax's own op) for dlight's GPU rules, instead of the hand-scheduled CPU
+# kernel. One model object exports both graphs; the parameters are the same in each.
+_FOR_GPU = contextvars.ContextVar("goinfer_graph_for_gpu", default=False)
+
+
+@contextlib.contextmanager
+def gpu_graph(on: bool = True) -> Iterator[None]:
+    token = _FOR_GPU.set(on)
+    try:
+        yield
+    finally:
+        _FOR_GPU.reset(token)
+
+
+def for_gpu() -> bool:
+    return _FOR_GPU.get()
+
 
 # Picks the quant scheme for a weight from its checkpoint tensors, several where fused (int4mix
 # looks at their bits, gguf at their block types).
@@ -71,23 +93,32 @@ class QLinear(Weighted):
 
     def forward(self, x: Tensor) -> Tensor:
         """x (tokens, in) -> (tokens, out)."""
+        if for_gpu():
+            half = self.scheme.NAME != "f32"
+            matmul = device.linear(self.scheme.take, self.out_features, self.in_features, half)
+            return op.tensor_expr_op(matmul, self._kernel("linear"), [x, *self.params.values()])
         matmul = self.scheme.matmul(self.out_features, self.in_features)
         if isinstance(matmul, tirx.PrimFunc):  # a hand-scheduled TIR kernel
             return op.tensor_ir_op(
                 matmul,
-                f"{self.scheme.NAME}_linear",
+                self._kernel("linear"),
                 [x, *self.params.values()],
                 out=Tensor.placeholder((x.shape[0], self.out_features), "float32"),
             )
         return op.tensor_expr_op(
-            matmul, f"{self.scheme.NAME}_linear", [x, *self.params.values()], attrs=_KERNEL_ATTRS
+            matmul, self._kernel("linear"), [x, *self.params.values()], attrs=_KERNEL_ATTRS
         )
+
+    def _kernel(self, what: str) -> str:
+        """The kernel's name: a C identifier, as CUDA's and Metal's source need (gguf's scheme
+        names, "gguf:u8-g32-...", are not)."""
+        return re.sub(r"\W", "_", f"{self.scheme.NAME}_{what}")
 
     def take(self, ids: Tensor) -> Tensor:
         """Rows of W (the embedding view of a tied LM head)."""
         return op.tensor_expr_op(
             self.scheme.take,
-            f"{self.scheme.NAME}_take",
+            self._kernel("take"),
             [ids, *self.params.values()],
             attrs=_KERNEL_ATTRS,
         )
@@ -120,7 +151,7 @@ class RMSNorm(Weighted):
         return {"weight": (tensors[self.sources[0]].load().reshape(-1) + self.offset).astype(np.float32)}
 
     def forward(self, x: Tensor) -> Tensor:
-        if len(x.shape) != 2:  # per-head norms (qk-norm) stay relax's
+        if len(x.shape) != 2 or for_gpu():  # per-head norms (qk-norm) and GPU graphs: relax's
             return op.rms_norm(x, self.weight, axes=[-1], epsilon=self.eps)
         return op.tensor_ir_op(
             norm.kernel(x.shape[-1], self.eps, residual=False),
@@ -134,6 +165,9 @@ class RMSNorm(Weighted):
         sublayer); with no delta, (x, its norm)."""
         if delta is None:
             return x, self(x)
+        if for_gpu():
+            s = x + delta
+            return s, self(s)
         s, y = op.tensor_ir_op(
             norm.kernel(x.shape[-1], self.eps, residual=True),
             "add_rms_norm",
@@ -157,6 +191,8 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         gate_up = self.gate_up(x)
+        if for_gpu():
+            return self.down(op.tensor_expr_op(device.gated(self.inter, self.act), "gated", [gate_up]))
         a = op.tensor_ir_op(
             gated.kernel(self.inter, self.act),
             f"gated_{self.act}",

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 from goinfer.artifacts import giw
-from goinfer.artifacts.manifest import CpuTier, Manifest, describe
+from goinfer.artifacts.manifest import CpuTier, GpuModule, GpuSelfTest, Manifest, describe
 from sample_manifest import sample
 
 
@@ -51,7 +51,17 @@ def test_round_trip_through_json_and_a_bundle(tmp_path: Path) -> None:
         (lambda d: d.update(config={}), "unknown field manifest.config"),
         (lambda d: d.update(forward_input="token_ids"), "unknown field manifest.forward_input"),
         (lambda d: d.update(entry_points=["prefill_all", "decode"]), "lacks batch_prefill, batch_d"),
-        (lambda d: d.update(cpu_tiers=[]), "cpu_tiers is empty"),
+        (lambda d: d.update(cpu_tiers=[]), "neither cpu_tiers nor gpu_modules names a module"),
+        (
+            lambda d: d.update(gpu_modules=[{"kind": "rocm", "arch": "", "module": "rocm", "target": {}}]),
+            "gpu_modules kind 'rocm' is not one of cuda, metal",
+        ),
+        (
+            lambda d: d.update(
+                gpu_modules=[{"kind": "cuda", "arch": "sm_90", "module": "cuda", "target": {}}]
+            ),
+            "gpu_modules without a gpu_selftest",
+        ),
         (lambda d: d["cpu_tiers"][0].pop("selftest"), r"manifest.cpu_tiers\[0\].selftest is missing"),
         (lambda d: d.update(weight_schemes={"a": 1}), "manifest.weight_schemes.a is not str"),
     ],
@@ -70,6 +80,18 @@ def test_the_bundle_must_hold_what_its_manifest_names(tmp_path: Path) -> None:
     tiers = (CpuTier("avx2", "llvm@avx2", "selftest@avx2", {}),)
     other_module = write(tmp_path / "b.giw", dataclasses.replace(sample(), cpu_tiers=tiers).to_json())
     with other_module as b, pytest.raises(giw.BundleError, match="no module 'llvm@avx2', which its manifest"):
+        Manifest.of(b)
+    gpu = dataclasses.replace(
+        sample(),
+        gpu_modules=(
+            GpuModule("cuda", "sm_90", "llvm", {}, kernels="cuda.kernels", kernels_source_sha256="0"),
+        ),
+        gpu_selftest=GpuSelfTest(prompt="st.in0", want="st.want", min_cosine=0.995),
+    )
+    with (
+        write(tmp_path / "c.giw", gpu.to_json()) as b,
+        pytest.raises(giw.BundleError, match=r"no module 'cuda\.kernels'"),
+    ):
         Manifest.of(b)
 
 

@@ -129,3 +129,27 @@ def test_tokenizer_json_reads_the_byte_tensor_and_refuses_a_bad_one(tmp_path) ->
         assert tokenizer_json(b, m) == text
     with bundle(b"\xff{}") as b, pytest.raises(giw.BundleError, match="is not UTF-8"):
         tokenizer_json(b, m)
+
+
+def test_output_is_optional_and_targets_are_checked(tiny_gguf, tmp_path: Path) -> None:
+    import shutil
+
+    from goinfer.compiler.build import BuildError, default_output
+
+    src = tmp_path / "model.gguf"
+    shutil.copy(tiny_gguf("llama"), src)
+    options = BuildOptions(target="llvm", quant="int4", num_cores=2)
+    assert default_output(src, options) == tmp_path / "model.int4.llvm.giw"
+    assert default_output(src, BuildOptions(target="llvm,cuda")).name == "model.gguf.llvm+cuda.giw"
+    assert default_output("qwen2.5-coder-0.5b", options) == Path("qwen2.5-coder-0.5b.int4.llvm.giw")
+    result = build(src, None, options, progress=_quiet)
+    assert result.path == tmp_path / "model.int4.llvm.giw" and result.path.is_file()
+    for target, message in (
+        ("rocm", "unknown target 'rocm'; choose one or more of llvm, cuda, metal"),
+        ("llvm,llvm", "names a target twice"),
+        ("", "unknown target ''"),
+    ):
+        with pytest.raises(BuildError, match=message):
+            build(src, tmp_path / "x.giw", BuildOptions(target=target), progress=_quiet)
+    with pytest.raises(BuildError, match="CUDA arch 'ninety'"):
+        build(src, tmp_path / "x.giw", BuildOptions(target="cuda", cuda_arch="ninety"), progress=_quiet)

@@ -101,6 +101,8 @@ def test_a_tiny_real_model_serves_what_generate_gives(served, tiny_bundle) -> No
             return chat, listing, again, health
 
     chat, listing, again, health = asyncio.run(ask())
+    assert health["models"]["tiny"]["target"].startswith("llvm/")
+    assert health["models"]["tiny"]["selftest"]["backend"] == "cpu"
     assert chat["choices"][0]["message"]["content"] == "".join(e.text for e in events)
     assert chat["choices"][0]["finish_reason"] == events[-1].finish_reason
     assert chat["usage"]["prompt_tokens"] == len(ids)
@@ -135,3 +137,17 @@ def test_the_prefill_chunk_default_is_the_runtimes() -> None:
 
     option = next(p for p in serve.params if p.name == "prefill_chunk")
     assert option.default == DEFAULT_PREFILL_CHUNK
+
+
+def test_serve_takes_the_bundle_as_its_argument_and_a_device(tiny_bundle, monkeypatch) -> None:
+    from goinfer.serve import server
+
+    got = {}
+    monkeypatch.setattr(server, "run", lambda app, config, ctx: got.update(app=app))
+    bundle = tiny_bundle("qwen2", "f32")
+    result = _run("serve", bundle, "--device", "cpu", "--no-selftest")
+    assert result.exit_code == 0, result.output
+    assert f"model {bundle.stem}: {bundle} (quant f32, target llvm/" in result.stdout
+    # This bundle has no CUDA module: asking for the GPU is a one-line error naming the fix.
+    _one_line_error(_run("serve", bundle, "--device", "cuda"), "has no CUDA module (built for llvm)")
+    _one_line_error(_run("serve", bundle, "--device", "tpu"), "'tpu' is not one of")
