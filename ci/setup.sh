@@ -25,9 +25,14 @@ fi
 log "upgrading pip"
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
 
+# --cuda adds what building CUDA bundles without nvcc needs (NVRTC, 135 MB); running them needs
+# only libcudart, which the test extras bring.
+extras="test"
+if [[ "${1:-}" == "--cuda" ]]; then extras="test,cuda,cuda-build"; fi
+
 # Re-run every time: the venv may be shared, and this points the editable install at this clone.
-log "installing $repo [test] (editable)"
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e "$repo[test]"
+log "installing $repo [$extras] (editable)"
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e "$repo[$extras]"
 
 # A wheel install compiles the modules to bytecode; an editable one leaves that to the first import,
 # which cannot write it where PYTHONDONTWRITEBYTECODE is set (CI, sandboxes), so every start

@@ -77,11 +77,9 @@ def _version(v: int) -> str:
 
 
 def _tvm_lib_dir() -> Path | None:
-    # Where tvm_runtime finds libtvm_runtime.so (found without importing the tvm package).
-    spec = importlib.util.find_spec("tvm")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations))) / "lib"
+    from .tvm_runtime import tvm_lib_dir  # (importing it loads libtvm_runtime, which we need anyway)
+
+    return tvm_lib_dir()
 
 
 def _cudart_candidates() -> list[str]:

@@ -50,13 +50,21 @@ def _avoid_lookup_misses() -> None:
     core._object_type_key_to_index = key_to_index
 
 
+def tvm_lib_dir() -> Path | None:
+    """The folder holding TVM's runtime libraries (the tvm package's lib/, found without
+    importing the package), or None without one."""
+    spec = importlib.util.find_spec("tvm")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations))) / "lib"
+
+
 def _load_runtime_library() -> None:
     if tvm_ffi.get_global_func("vm.builtin.reshape", allow_missing=True) is not None:
         return  # already loaded (by `import tvm`, or earlier here)
-    spec = importlib.util.find_spec("tvm")
-    if spec is None or not spec.submodule_search_locations:
+    lib_dir = tvm_lib_dir()
+    if lib_dir is None:
         raise ImportError("goinfer needs the apache-tvm package (its runtime library)")
-    lib_dir = Path(next(iter(spec.submodule_search_locations))) / "lib"
     # RTLD_GLOBAL, as tvm itself loads it: compiled modules resolve their runtime symbols from it.
     load_lib_ctypes("tvm", "tvm_runtime", "RTLD_GLOBAL", extra_lib_paths=[lib_dir])
 

@@ -34,7 +34,7 @@ def linear(take: Callable[..., te.Tensor], out_features: int, in_features: int, 
     dtype = "float16" if half else "float32"
 
     def compute(x: te.Tensor, *params: te.Tensor) -> te.Tensor:
-        rows = te.compute((_i64(out_features),), lambda n: n.astype("int32"), name="rows")
+        rows = te.compute((_i64(out_features),), lambda n: n, name="rows")
         w = take(rows, *params)  # (out, in) float32: every row's dequantized weights
         if half:
             w = te.compute(w.shape, lambda n, k: w[n, k].astype(dtype), name="w_half")

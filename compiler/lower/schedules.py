@@ -145,19 +145,79 @@ def cpu_rules() -> list[dlight.ScheduleRule]:
     return [QuantMatmul(), SmallSerial(), dlight.cpu.Reduction(), dlight.cpu.GEMV(), ParallelFallback()]
 
 
+class DecodeGEMV(dlight.ScheduleRule):
+    """A GPU decode step's dequant-fused GEMV: kernels/device.linear for one token (block
+    "matmul" over (token, row, k), the token axis of extent 1).
+
+    dlight's GEMV takes neither of our packed layouts: they store [row block, k word, row], k
+    outside the 16 rows of a block, which it reads as an outer reduction it does not schedule,
+    and a per-row scale counts for it as a second vector. Here: a thread block per ROWS rows,
+    one row a thread on threadIdx.x (the ROWS words of one k are adjacent: one 64-byte read), K
+    split over K_THREADS threads on threadIdx.y, each walking whole words (K_WORD values) with its
+    partial sum in a register, then one cross-thread sum. The dequantization is inlined: the
+    weights are read once, packed, and never written out.
+    """
+
+    ROWS = 16  # kernels/rowblock.ROW_BLOCK: the rows the packed layouts interleave
+    K_THREADS = 16
+    K_WORD = 8  # values a thread takes at a time: one int4 word, two int8 words
+
+    def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool):
+        if not isinstance(func, tirx.PrimFunc) or target.kind.name == "llvm":
+            return None
+        sch = s_tir.Schedule(func)
+        try:
+            block = sch.get_sblock("matmul")
+        except Exception:
+            return None
+        loops = sch.get_loops(block)
+        extents = [sch.get(loop).extent for loop in loops]
+        if len(loops) != 3 or not all(isinstance(e, tirx.IntImm) for e in extents):
+            return None
+        tokens, rows, depth = (int(e) for e in extents)
+        if tokens != 1 or rows % self.ROWS or depth % (self.K_THREADS * self.K_WORD):
+            return None
+        for producer in _blocks(sch):  # the dequantization and casts, into the dot product
+            if sch.get(producer).name_hint != "matmul":
+                sch.compute_inline(producer)
+        token, row, k = sch.get_loops(block)
+        row_block, row = sch.split(row, [None, self.ROWS])
+        _ko, kt, _ki = sch.split(k, [None, self.K_THREADS, self.K_WORD])
+        partial = sch.rfactor(kt, 0)
+        token, row_block, row, kt = sch.get_loops(block)
+        sch.bind(sch.fuse(token, row_block), "blockIdx.x")
+        sch.bind(row, "threadIdx.x")
+        sch.bind(kt, "threadIdx.y")
+        sch.compute_at(partial, row)
+        sch.set_scope(partial, 0, "local")
+        kt_rf, ko_rf, _ki_rf = sch.get_loops(partial)[-3:]
+        sch.bind(kt_rf, "threadIdx.y")
+        sch.decompose_reduction(partial, ko_rf)
+        return sch
+
+
+class _Tolerant(dlight.ScheduleRule):
+    """A dlight rule whose analysis may assert on a kernel it does not model (its GEMV check
+    asserts every read is one element; a K-quant's two high-bit planes are two reads of one
+    buffer): that means the rule does not apply, and the next one is tried."""
+
+    def __init__(self, rule: dlight.ScheduleRule):
+        self.rule = rule
+
+    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool):
+        try:
+            return self.rule.apply(func, target, tunable)
+        except (AssertionError, s_tir.ScheduleError):
+            return None
+
+
 def gpu_rules() -> list[dlight.ScheduleRule]:
-    """dlight's GPU rules: a prefill matmul on tensor cores (float16 operands, sm_70+), decode's
-    dequant-fused GEMV, batched decode's low-batch GEMV, the norms' reductions; anything else is
-    bound to threads by Fallback. Kernels the KV cache brings are scheduled already."""
+    """Decode's dequant-fused GEMV (ours, above), then dlight's GPU rules: a prefill matmul on
+    tensor cores (float16 operands, sm_70+), the norms' reductions; anything else is bound to
+    threads by Fallback. Kernels the KV cache brings are scheduled already."""
     gpu = dlight.gpu
-    return [
-        gpu.Matmul(),
-        gpu.GEMV(),
-        gpu.LowBatchGEMV(),
-        gpu.Reduction(),
-        gpu.GeneralReduction(),
-        gpu.Fallback(),
-    ]
+    stock = [gpu.Matmul(), gpu.GEMV(), gpu.LowBatchGEMV(), gpu.Reduction(), gpu.GeneralReduction()]
+    return [DecodeGEMV(), *(_Tolerant(rule) for rule in stock), gpu.Fallback()]
 
 
 def rules_for(kind: str) -> list[dlight.ScheduleRule]:
