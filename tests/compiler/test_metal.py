@@ -38,15 +38,16 @@ def test_vector_lanes_are_capped_at_four_for_metal() -> None:
     assert "half4" in source and "half8" not in source
 
 
-def test_metal_bundle_holds_mach_o_objects_with_metal_source(tiny_gguf, tmp_path) -> None:
-    out = tmp_path / "tiny.metal.giw"
-    build(
-        tiny_gguf("llama"),
-        out,
-        BuildOptions(target="metal", quant="int4", num_cores=2),
-        progress=lambda _m: None,
-    )
-    with giw.open_bundle(out) as b:
+@pytest.fixture(scope="module")
+def metal_bundle(tiny_gguf, tmp_path_factory):
+    out = tmp_path_factory.mktemp("metal") / "tiny.metal.giw"
+    options = BuildOptions(target="metal", quant="int4", num_cores=2)
+    build(tiny_gguf("llama"), out, options, progress=lambda _m: None)
+    return out
+
+
+def test_metal_bundle_holds_mach_o_objects_with_metal_source(metal_bundle) -> None:
+    with giw.open_bundle(metal_bundle) as b:
         m = manifest.Manifest.of(b)
         (gpu,) = m.gpu_modules
         assert (gpu.kind, gpu.module, gpu.arch, m.cpu_tiers) == ("metal", "metal", "", ())
@@ -61,18 +62,11 @@ def test_metal_bundle_holds_mach_o_objects_with_metal_source(tiny_gguf, tmp_path
     assert not re.search(r"\b(half|float|int|uint|short|ushort|char|uchar|bool)(8|16)\b", metal)
 
 
-def test_a_metal_only_bundle_is_refused_here_in_one_line(tiny_gguf, tmp_path) -> None:
+def test_a_metal_only_bundle_is_refused_here_in_one_line(metal_bundle) -> None:
     from goinfer.runtime.devices import DeviceError
     from goinfer.runtime.model import Model
 
-    out = tmp_path / "tiny.metal.giw"
-    build(
-        tiny_gguf("llama"),
-        out,
-        BuildOptions(target="metal", quant="int4", num_cores=2),
-        progress=lambda _m: None,
-    )
     with pytest.raises(
         DeviceError, match=r"has no CPU module \(built for metal\) \(Metal modules are emitted"
     ):
-        Model.load(out)
+        Model.load(metal_bundle)
