@@ -211,6 +211,20 @@ def _load_cuda_runtime() -> None:
         raise CudaUnavailable(f"cannot load TVM's CUDA runtime: {first_line(e)}") from None
 
 
+@functools.cache
+def _func(name: str):
+    # Looked up once: upload and download run on every forward (token ids in, logits out).
+    return tvm_ffi.get_global_func(name)
+
+
+def _copy_bytes(name: str, tensor, array: np.ndarray, what: str) -> None:
+    """TVM's byte copy `name` between a device tensor and a host array; CudaError naming `what`."""
+    try:
+        _func(name)(tensor, ctypes.c_void_p(array.ctypes.data), array.nbytes)
+    except Exception as e:
+        raise CudaError(f"CUDA: cannot copy {_mib(array.nbytes)} {what}: {first_line(e)}") from None
+
+
 def _mib(nbytes: int) -> str:
     return f"{nbytes / 2**20:.1f} MiB"
 
@@ -224,9 +238,10 @@ def empty(shape, dtype, device_id: int = 0):
     enable()
     shape = tuple(int(d) for d in shape)
     t = _dtype(dtype)
-    alloc = tvm_ffi.get_global_func("runtime.TVMTensorAllocWithScope")
     try:
-        return alloc(tvm_ffi.Shape(list(shape)), t, tvm_ffi.device("cuda", device_id), None)
+        return _func("runtime.TVMTensorAllocWithScope")(
+            tvm_ffi.Shape(list(shape)), t, tvm_ffi.device("cuda", device_id), None
+        )
     except Exception as e:  # TVM raises RuntimeError; keep its first line (no backtrace)
         nbytes = int(np.prod(shape, dtype=np.int64)) * t.bits * t.lanes // 8
         raise CudaError(
@@ -238,13 +253,7 @@ def upload(array: np.ndarray, device_id: int = 0):
     """A new tensor on cuda:`device_id` holding a copy of `array`; raises CudaError on failure."""
     src = np.ascontiguousarray(array)  # the copy reads raw bytes
     out = empty(src.shape, src.dtype, device_id)
-    copy = tvm_ffi.get_global_func("runtime.TVMTensorCopyFromBytes")
-    try:
-        copy(out, ctypes.c_void_p(src.ctypes.data), src.nbytes)
-    except Exception as e:
-        raise CudaError(
-            f"CUDA: cannot copy {_mib(src.nbytes)} to cuda:{device_id}: {first_line(e)}"
-        ) from None
+    _copy_bytes("runtime.TVMTensorCopyFromBytes", out, src, f"to cuda:{device_id}")
     return out
 
 
@@ -263,13 +272,7 @@ def download(tensor) -> np.ndarray:
     if tensor.device.dlpack_device_type() == 1:  # kDLCPU: numpy reads it directly
         return np.from_dlpack(tensor).copy()
     out = np.empty(tuple(tensor.shape), _numpy_dtype(tensor.dtype))
-    copy = tvm_ffi.get_global_func("runtime.TVMTensorCopyToBytes")
-    try:
-        copy(tensor, ctypes.c_void_p(out.ctypes.data), out.nbytes)
-    except Exception as e:
-        raise CudaError(
-            f"CUDA: cannot copy {_mib(out.nbytes)} from {tensor.device}: {first_line(e)}"
-        ) from None
+    _copy_bytes("runtime.TVMTensorCopyToBytes", tensor, out, f"from {tensor.device}")
     return out
 
 
