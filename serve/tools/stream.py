@@ -3,7 +3,8 @@
 Prose before a call streams as it comes (text that could still be the opener is held back, as
 with stop strings). Inside a call, the name goes out as soon as it is complete and the arguments
 stream piece by piece. A reply that starts with a bare call object (formats with `unwrapped`) is
-held until it ends, because only then is it known to be a call rather than prose.
+held until it ends, because only then is it known to be a call rather than prose; so is a ```json
+block after prose, which may be the call (base.fenced_call).
 """
 
 from __future__ import annotations
@@ -14,7 +15,19 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 
 from ..deltas import Delta, StopMatcher, ToolCallDelta
-from .base import Call, CallFormat, bare_start, json_objects, may_open_bare, to_call, unwrapped_call
+from .base import (
+    Call,
+    CallFormat,
+    bare_start,
+    fence_state,
+    fenced_call,
+    json_objects,
+    may_open_bare,
+    to_call,
+    unwrapped_call,
+)
+
+FENCE = "```"
 
 Pieces = tuple[str, list[ToolCallDelta]]  # (prose to send, call pieces to send)
 
@@ -77,7 +90,8 @@ class ToolDeltas:
     The reply is in one mode at a time, and each mode is a method that takes the next piece of
     text and returns (prose to send, call pieces to send): `start` until it is known whether the
     reply opens with a bare call, then `bare` (held to the end) or `prose` (streamed, watching for
-    the opener), and `calls` after the opener. `end` settles what a mode still holds.
+    the opener and, for `unwrapped` formats, a fence), `calls` after the opener, and `fence` while
+    a fenced block may be a call. `end` settles what a mode still holds.
     """
 
     def __init__(self, fmt: CallFormat, names: set[str]):
@@ -85,7 +99,9 @@ class ToolDeltas:
         self.mode: Callable[[str], Pieces] = self.start
         self.lead = ""  # start: the reply so far
         self.held = ""  # bare: the reply so far
-        self.opener = StopMatcher([fmt.opener])  # prose: holds text that may begin the opener
+        # prose: holds text that may begin the opener (or a fence that may hold a call)
+        self.opener = StopMatcher([fmt.opener, FENCE] if fmt.unwrapped else [fmt.opener])
+        self.fenced = ""  # fence: the block so far
         self.region = ""  # calls: text since the opener or the last complete call
         self.scan: _CallScan | None = None  # calls: the call object being read
         self.index = -1  # the last call's index
@@ -126,8 +142,30 @@ class ToolDeltas:
         text, hit = self.opener.push(piece)
         if not hit:
             return text, []
-        self.mode = self.calls  # (the matcher drops what follows the opener: take it from `combined`)
+        # (the matcher drops what follows the hit: take it from `combined`)
+        if self.opener.matched == FENCE:
+            self.mode, self.fenced = self.fence, ""
+            more, calls = self.fence(combined[combined.find(FENCE) :])
+            return text + more, calls
+        self.mode = self.calls
         return text, self.calls(combined[combined.find(self.fmt.opener) + len(self.fmt.opener) :])[1]
+
+    def fence(self, piece: str) -> Pieces:
+        """Hold a fenced block until it is known to be the call (then that, and nothing after it)
+        or prose (then all of it, and back to prose)."""
+        if self.called:
+            return "", []  # text after the call: the reply ends there (ToolPlan.reply_end)
+        self.fenced += piece
+        state = fence_state(self.fenced, self.names, self.fmt.args_key)
+        if state == "maybe":
+            return "", []
+        if state == "call":
+            found = fenced_call(self.fenced, self.names, self.fmt.args_key)
+            return "", [self._whole(found[1])]
+        held, self.fenced, self.mode = self.fenced, "", self.prose
+        # the block's first three backticks are prose: what follows them is watched again
+        text, calls = self.prose(held[len(FENCE) :])
+        return FENCE + text, calls
 
     def calls(self, text: str) -> Pieces:
         """Skip the structure between calls; scan each call object as it comes."""
@@ -154,6 +192,8 @@ class ToolDeltas:
             return self.lead, []
         if self.mode == self.prose:
             return self.opener.flush(), []
+        if self.mode == self.fence:
+            return ("", []) if self.called else (self.fenced, [])
         if self.mode == self.bare:
             call = unwrapped_call(self.held, self.names, self.fmt.args_key)
             return ("", [self._whole(call)]) if call is not None else (self.held, [])

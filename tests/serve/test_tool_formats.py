@@ -29,6 +29,12 @@ HERMES_UNKNOWN = '{"name": "send_email", "arguments": {"to": "x"}}'
 HERMES_PROSE = "The weather in Paris is usually mild. {not json} <tool_"
 HERMES_FENCED = '```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Paris"\n  }\n}\n```'
 CODE = "```python\nprint({'name': 'get_weather'})\n```"
+# Qwen2.5-Coder-1.5B under auto, explaining first (recorded; the tool renamed): the ```json block is
+# the call, and what it wrote after the block is dropped (serving ends the reply there).
+EXPLAINED = "To answer this, I need the `weather` in Paris. Here's how I can do it:\n\n"
+HERMES_EXPLAINED = EXPLAINED + HERMES_FENCED + "\n\nAfter executing this function call, I will know."
+PROSE_JSON = 'Here is the format:\n```json\n{"name": "send_email", "arguments": {}}\n```\nDone.'
+PROSE_CODE = "Run this:\n```python\nprint(1)\n```\nand then ```\n{ x }\n``` too."
 LLAMA3_TAGGED = '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}'
 LLAMA3_BARE = ' {"name": "get_time", "parameters": {"tz": "UTC"}}'
 MISTRAL_TWO = (
@@ -45,6 +51,9 @@ CASES = [
     (hermes.FORMAT, HERMES_PROSE, HERMES_PROSE, []),
     (hermes.FORMAT, HERMES_FENCED, "", [("get_weather", {"city": "Paris"})]),  # Qwen2.5-Coder-0.5B, auto
     (hermes.FORMAT, CODE, CODE, []),
+    (hermes.FORMAT, HERMES_EXPLAINED, EXPLAINED, [("get_weather", {"city": "Paris"})]),
+    (hermes.FORMAT, PROSE_JSON, PROSE_JSON, []),  # a fenced object that calls no supplied tool
+    (hermes.FORMAT, PROSE_CODE, PROSE_CODE, []),
     (llama3.FORMAT, LLAMA3_TAGGED, "", [("get_weather", {"city": "Paris"})]),
     (llama3.FORMAT, LLAMA3_BARE, "", [("get_time", {"tz": "UTC"})]),
     (mistral.FORMAT, MISTRAL_TWO, "", [("get_weather", {"city": "Paris"}), ("get_time", {"tz": "UTC"})]),
@@ -145,6 +154,15 @@ def test_a_code_reply_streams_once_it_cannot_be_a_fenced_call():
     pieces = ["``", "`py", "thon\n", "print(1)\n", "```"]
     out = list(ToolDeltas(hermes.FORMAT, NAMES)(iter([Delta(p) for p in pieces])))
     assert out[0].text == "```py"  # held only while it could still open ```json
+
+
+def test_a_fenced_call_after_prose_ends_the_reply():
+    from goinfer.serve.tools import ToolPlan
+
+    plan = ToolPlan((WEATHER, TIME), "auto", None, False, hermes.FORMAT, True)
+    end = plan.reply_end(HERMES_EXPLAINED)
+    assert end is not None and HERMES_EXPLAINED[:end].endswith("}") and "After" not in HERMES_EXPLAINED[:end]
+    assert plan.reply_end(PROSE_JSON) is None and plan.reply_end(EXPLAINED + "```json\n{") is None
 
 
 def test_templates_get_transformers_tojson():
