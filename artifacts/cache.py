@@ -2,8 +2,11 @@
 
     $GOINFER_CACHE (with ~ expanded; unset or empty: ~/.cache/goinfer)
       models/    zoo checkpoints, each beside its verify marker   (compiler.sources.zoo)
+      hub/       hf: pulls, each published by one rename          (compiler.sources.hub)
+      checksums/ checkpoint sha256s by file identity               (compiler.checksum)
       bundles/   bundles built for a checkpoint and options        (compiler.sources.zoo)
-      modules/   compiled modules keyed by graph and target        (compiler.lower.compile_cache)
+      modules/   compiled modules keyed by graph and target, and the
+                 self-test kernels' libraries                      (compiler.lower.compile_cache)
       libs/      module blobs extracted from bundles for TVM       (runtime)
       verified/  markers of bundles hashed once in full            (artifacts.giw)
       llama.cpp/, dl/  the peer built for benchmarks, and its source (bench.llama_cpp)
@@ -16,10 +19,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
 
-Folder = Literal["models", "bundles", "modules", "libs", "verified", "llama.cpp", "dl"]
+Folder = Literal["models", "hub", "checksums", "bundles", "modules", "libs", "verified", "llama.cpp", "dl"]
 
 
 def root() -> Path:
@@ -34,8 +38,14 @@ def folder(name: Folder, cache_root: str | os.PathLike[str] | None = None) -> Pa
 
 def sha256_file(path: str | os.PathLike[str]) -> str:
     """The hex sha256 of a file's bytes, read in 1 MiB pieces (checkpoints run to gigabytes)."""
+    return sha256_files([path])
+
+
+def sha256_files(paths: Iterable[str | os.PathLike[str]]) -> str:
+    """The hex sha256 of the files' bytes end to end (the shards of a split checkpoint, in order)."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
+    for path in paths:
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
     return h.hexdigest()

@@ -267,7 +267,7 @@ def baseline(model: str, out: Path, threads: int = 2) -> Path:
         "gguf_sha256": zoo.ZOO[model].sha256,
         "command": ["llama-bench", "-m", "<gguf>", *args],
         "llama_cpp": _tool_version(binary),
-        "cpu": _cpu_name(),
+        "cpu": cpu_name(),
         "loadavg_before": [round(x, 2) for x in load_before],
         "summary": summary,
         "results": results,
@@ -278,7 +278,8 @@ def baseline(model: str, out: Path, threads: int = 2) -> Path:
     return out
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
+    """The CPU's model name, for the JSON a benchmark writes."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):

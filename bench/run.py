@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -281,14 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(table(rows))
     if a.json:
-        cpu = next(
-            (
-                ln.split(":", 1)[1].strip()
-                for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")
-            ),
-            platform.processor(),
-        )
+        cpu = llama_cpp.cpu_name()
         a.json.write_text(
             json.dumps(
                 {

@@ -52,7 +52,6 @@ import http.client
 import json
 import math
 import os
-import platform
 import shlex
 import subprocess
 import sys
@@ -752,13 +751,6 @@ def depth_target(rows: list[dict[str, Any]]) -> tuple[bool, str]:
 
 
 # -- the run -------------------------------------------------------------------------------------------
-def _cpu() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
-
-
 def _print_targets(targets: list[tuple[bool, str]]) -> None:
     for _, line in targets:
         print(line)
@@ -891,8 +883,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     report: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "cpu": _cpu(), "threads": a.threads, "quant": a.quant,
-        "benches": a.benches, "goinfer_args": a.goinfer_args, "models": {},
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "cpu": llama_cpp.cpu_name(), "threads": a.threads,
+        "quant": a.quant, "benches": a.benches, "goinfer_args": a.goinfer_args, "models": {},
     }  # fmt: skip
     print(f"{a.threads} threads each; benches {', '.join(a.benches)}; goinfer serve extra flags: "
           f"{a.goinfer_args or '(none)'}")  # fmt: skip

@@ -28,10 +28,19 @@ def _fail(message: str) -> None:
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Exception types that mean bad input (reported in one line), not a bug."""
     from goinfer.artifacts.giw import BundleError
+    from goinfer.artifacts.zoo_store import StoreError
     from goinfer.compiler.build import BuildError  # light: TVM is imported only inside build()
     from goinfer.compiler.sources.base import SourceError
 
-    return (BundleError, BuildError, SourceError, FileNotFoundError, IsADirectoryError, PermissionError)
+    return (
+        BundleError,
+        BuildError,
+        SourceError,
+        StoreError,
+        FileNotFoundError,
+        IsADirectoryError,
+        PermissionError,
+    )
 
 
 class _OneLineErrors(click.Group):
@@ -99,7 +108,9 @@ device_option = click.option(
 @kv_dtype_option
 @click.option("-o", "--output", default=None, help="the .giw file to write [default: beside SOURCE]")
 def build(source: str, target: str, cuda_arch: str, quant: str, kv_dtype: str, output: str | None) -> None:
-    """Compile SOURCE (a .gguf file or a zoo model name) into a .giw bundle."""
+    """Compile SOURCE into a .giw bundle: a .gguf file (any shard of a split one), a checkpoint
+    directory (config.json, tokenizer, safetensors), hf:OWNER/REPO:QUANT or :safetensors, or a
+    zoo model name."""
     from goinfer.compiler.build import BuildOptions
     from goinfer.compiler.build import build as run_build
 
@@ -110,9 +121,114 @@ def build(source: str, target: str, cuda_arch: str, quant: str, kv_dtype: str, o
         _fail(str(e))
 
 
+def _matrix_options(f):
+    """--models, --targets and --quants: the zoo's matrix, each a comma list."""
+    f = kv_dtype_option(f)
+    f = click.option(
+        "--quants", default="gguf", show_default=True, help="comma list of quant modes (as build --quant)"
+    )(f)
+    f = click.option(
+        "--targets",
+        default="llvm",
+        show_default=True,
+        help="comma list of targets, one bundle each; llvm+cuda builds one bundle for both",
+    )(f)
+    return click.option(
+        "--models",
+        default=None,
+        help="comma list of zoo names, checkpoint paths or hf: references "
+        "[default: the zoo's decoder models]",
+    )(f)
+
+
+def _cells(models: str | None, targets: str, quants: str, kv_dtype: str):
+    from goinfer.compiler import zoo_build
+
+    def split(value: str) -> list[str]:
+        return [v.strip() for v in value.split(",") if v.strip()]
+
+    names = split(models) if models is not None else list(zoo_build.DEFAULT_MODELS)
+    if not names:
+        raise click.BadParameter("no models given", param_hint="--models")
+    return zoo_build.plan(names, split(targets), split(quants), KV_DTYPES[kv_dtype])
+
+
+@main.group()
+def zoo() -> None:
+    """Pre-build a model x target x quant matrix of bundles into a store, for CI."""
+
+
+@zoo.command("build")
+@_matrix_options
+@click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="the store folder")
+def zoo_build_cmd(models: str | None, targets: str, quants: str, kv_dtype: str, output: str) -> None:
+    """Build every cell of the matrix not already in the store OUTPUT (by key, verified), and
+    write OUTPUT/index.json. Serve one with: goinfer serve --model zoo:OUTPUT/NAME."""
+    import time
+
+    from goinfer.compiler import zoo_build
+
+    t0 = time.perf_counter()
+    try:
+        cells = _cells(models, targets, quants, kv_dtype)
+        built, reused = zoo_build.build_store(cells, Path(output), lambda m: click.echo(m, err=True))
+    except _user_errors() as e:
+        _fail(str(e))
+    click.echo(zoo_build.describe(built, reused, Path(output), time.perf_counter() - t0))
+
+
+@zoo.command("plan")
+@_matrix_options
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["github", "text", "key"]),
+    default="text",
+    show_default=True,
+    help="github: JSON for strategy.matrix (fromJSON), one job per cell; key: each cell's key on "
+    "this machine (a CI cache key); text: name, model, quant, target and key",
+)
+def zoo_plan(models: str | None, targets: str, quants: str, kv_dtype: str, fmt: str) -> None:
+    """Print the matrix's cells without building anything."""
+    from goinfer.compiler import zoo_build
+
+    try:
+        cells = _cells(models, targets, quants, kv_dtype)
+    except _user_errors() as e:
+        _fail(str(e))
+    if fmt == "github":
+        click.echo(zoo_build.github_matrix(cells))
+        return
+    try:
+        for cell in cells:
+            key = zoo_build.planned_key(cell)
+            fields = (cell.name, cell.model, cell.quant, cell.target, key)
+            click.echo(key if fmt == "key" else "\t".join(fields))
+    except _user_errors() as e:
+        _fail(str(e))
+
+
+@zoo.command("merge")
+@click.argument("stores", nargs=-1, required=True, type=click.Path(exists=True))
+@click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="the merged store")
+def zoo_merge(stores: tuple[str, ...], output: str) -> None:
+    """Join the stores (folders or their index.json) built by separate cells into OUTPUT."""
+    from goinfer.compiler import zoo_build
+
+    try:
+        entries = zoo_build.merge([Path(s) for s in stores], Path(output), lambda m: click.echo(m, err=True))
+    except _user_errors() as e:
+        _fail(str(e))
+    click.echo(f"{Path(output) / 'index.json'}: {len(entries)} bundles")
+
+
 def _resolve_bundle(ref: str, quant: str, target: str, kv_dtype: str = "f16") -> Path:
-    """A .giw as given (its own quant and KV dtype); a .gguf or zoo name is built once into the
-    cache, then reused."""
+    """A .giw as given (its own quant and KV dtype), or a zoo store's (zoo:DIR/NAME); a checkpoint
+    (.gguf, directory, hf: reference or zoo name) is built once into the cache, then reused."""
+    if ref.startswith("zoo:"):  # a pre-built store: never builds
+        from goinfer.artifacts import zoo_store
+
+        return zoo_store.find(*_zoo_ref(ref))[0]
     path = Path(ref)
     if path.suffix == ".giw":
         if not path.is_file():
@@ -127,7 +243,9 @@ def _resolve_bundle(ref: str, quant: str, target: str, kv_dtype: str = "f16") ->
     if not bundle.is_file():
         click.echo(f"goinfer: first use of {ref}: building {bundle.name}", err=True)
         bundle.parent.mkdir(parents=True, exist_ok=True)
-        build(source, bundle, BuildOptions(target=target, quant=quant, kv_dtype=dtype))
+        # an hf: reference is built as itself (now cached): the bundle records it as its source
+        origin = ref if ref.startswith("hf:") else source
+        build(origin, bundle, BuildOptions(target=target, quant=quant, kv_dtype=dtype))
     return bundle
 
 
@@ -207,7 +325,8 @@ def generate(
     "models",
     multiple=True,
     metavar="[NAME=]PATH",
-    help="a .giw, a .gguf or a zoo name, optionally named; repeat to serve several "
+    help="a .giw, zoo:DIR/NAME (or zoo:DIR: all of a store), a .gguf, a checkpoint directory, "
+    "hf:OWNER/REPO:QUANT or a zoo name, optionally named; repeat to serve several "
     "(default: the zoo's default model)",
 )
 @click.option("--addr", default="127.0.0.1:8080", show_default=True, help="HOST:PORT to listen on")
@@ -345,8 +464,10 @@ def serve(
     no_selftest: bool,
     device: str,
 ) -> None:
-    """Serve BUNDLE (a .giw, a .gguf or a zoo name; or the models given by --model) over
-    OpenAI-compatible and Anthropic Messages HTTP APIs (base URL http://ADDR/v1)."""
+    """Serve BUNDLE (or the models given by --model) over OpenAI-compatible and Anthropic Messages
+    HTTP APIs (base URL http://ADDR/v1). A model is a .giw, a pre-built store's zoo:DIR/NAME, or a
+    checkpoint built once into the cache: a .gguf, a checkpoint directory, hf:OWNER/REPO:QUANT or a
+    zoo name."""
     from goinfer.runtime.scheduler import SchedulerConfig
     from goinfer.serve import server
     from goinfer.serve.app import create_app
@@ -397,16 +518,61 @@ def serve(
 
 
 def _model_specs(specs: tuple[str, ...]) -> list[tuple[str, str]]:
-    """`NAME=PATH` or `PATH` -> (name, path); a bare PATH is named by its zoo name or file stem."""
+    """`NAME=REF` or `REF` -> (name, ref). A bare REF is named by its zoo name, its file stem (a
+    split GGUF's without the shard number) or its store entry; `zoo:DIR` (a store, no NAME) serves
+    every bundle in it, each under its entry's name."""
     out: dict[str, str] = {}
     for spec in specs:
         name, sep, ref = spec.partition("=")
-        if not sep or "/" in name or not name:
-            name, ref = (Path(spec).stem if Path(spec).suffix in (".giw", ".gguf") else spec), spec
-        if name in out:
-            raise ValueError(f"--model {spec}: the name {name!r} is given twice; name them NAME=PATH")
-        out[name] = ref
+        if not sep or "/" in name or ":" in name or not name:
+            name, ref = "", spec
+        for each_name, each_ref in _expand(ref) if not name else [(name, ref)]:
+            if each_name in out:
+                raise ValueError(f"--model {spec}: the name {each_name!r} is given twice; name them NAME=REF")
+            out[each_name] = each_ref
     return list(out.items())
+
+
+def _expand(ref: str) -> list[tuple[str, str]]:
+    """The (name, ref) pairs a bare --model REF serves."""
+    if ref.startswith("zoo:"):
+        from goinfer.artifacts import zoo_store
+
+        folder, name = _zoo_ref(ref)
+        if not name:
+            entries = zoo_store.read_index(folder)
+            if not entries:
+                raise ValueError(f"--model {ref}: no zoo index in {folder}")
+            return [(e.name, f"zoo:{folder}/{e.name}") for e in entries]
+        return [(name, ref)]
+    if ref.startswith("hf:"):  # pulled here to be named: the GGUF's name, or the repo's
+        from goinfer.compiler.sources import zoo
+
+        path = zoo.resolve(ref)
+        return [(path.name if path.is_dir() else _stem(path), ref)]
+    path = Path(ref)
+    if path.is_dir():
+        return [(path.name, ref)]
+    if path.suffix == ".giw":
+        return [(path.stem, ref)]
+    return [(_stem(path) if path.suffix == ".gguf" else ref, ref)]
+
+
+def _stem(path: Path) -> str:
+    """A checkpoint's name, a split GGUF's without its shard number (the compiler side knows it)."""
+    from goinfer.compiler.sources.gguf_file import model_stem
+
+    return model_stem(path)
+
+
+def _zoo_ref(ref: str) -> tuple[Path, str]:
+    """`zoo:DIR/NAME` -> (DIR, NAME); `zoo:DIR` or `zoo:DIR/index.json` -> (DIR, "")."""
+    from goinfer.artifacts import zoo_store
+
+    path = Path(ref.removeprefix("zoo:")).expanduser()
+    if path.name == zoo_store.INDEX or (path / zoo_store.INDEX).is_file():
+        return zoo_store.index_path(path).parent, ""
+    return path.parent, path.name
 
 
 def _engine_loader(

@@ -9,10 +9,12 @@ editing anything else does not throw a good one away:
   module defining ModelSpec (its derived values, such as softmax_scale, go into the graph). Not
   sources/: what a checkpoint reader decides reaches the module only as the spec and the weight
   schemes, both in the key themselves. Not build.py or selftest.py: the one picks schemes and
-  targets (in the key too) and writes the bundle, the other's kernels compile on every build.
+  targets (in the key too) and writes the bundle, the other's kernel fixtures have their own key.
 - `code_fingerprint`, the bundle cache's (sources/zoo.py): all of compiler/ and artifacts/, as a
   bundle also holds the packed weights, the tokenizer, the chat template and the manifest, written
   by artifacts/.
+- `selftest_fingerprint`, the self-test libraries' (selftest.py): the codegen source and
+  selftest.py.
 
 Files are named relative to the package root (the folder holding compiler/ and artifacts/), so
 two clones of the same tree share their caches.
@@ -45,9 +47,10 @@ def source_files(root: Path, parts: Iterable[str] | None = None) -> list[Path]:
     return sorted(p for p in found if p.suffix in _SUFFIXES and "__pycache__" not in p.parts)
 
 
-def fingerprint(files: Iterable[Path], root: Path) -> str:
-    """sha256 over each file's path relative to root (its absolute path if outside) and content."""
-    h = hashlib.sha256()
+def fingerprint(files: Iterable[Path], root: Path, base: str = "") -> str:
+    """sha256 over each file's path relative to root (its absolute path if outside) and content,
+    after `base` (another fingerprint this one extends) where given."""
+    h = hashlib.sha256(base.encode() + b"\0" if base else b"")
     for path in files:
         name = path.relative_to(root) if path.is_relative_to(root) else path
         h.update(name.as_posix().encode() + b"\0")
@@ -60,6 +63,13 @@ def codegen_fingerprint() -> str:
     files = source_files(_COMPILER_DIR, CODEGEN)
     spec_file = _model_spec_file()
     return fingerprint([*files, *([spec_file] if spec_file not in files else [])], _ROOT)
+
+
+@functools.cache
+def selftest_fingerprint() -> str:
+    """The self-test libraries' (selftest.py): the codegen source and selftest.py, which picks
+    the kernels and their fixture shapes."""
+    return fingerprint([_COMPILER_DIR / "selftest.py"], _ROOT, codegen_fingerprint())
 
 
 @functools.cache

@@ -78,15 +78,23 @@ _NORMAL, _CONTROL, _USER_DEFINED, _BYTE = 1, 3, 4, 6
 
 
 def write_tiny_gguf(
-    path: str | Path, family: str, *, seed: int = 0, tensor_type: str = "F32", shape: Shape = TINY
+    path: str | Path,
+    family: str,
+    *,
+    seed: int = 0,
+    tensor_type: str = "F32",
+    shape: Shape = TINY,
+    split_max_tensors: int = 0,
 ) -> Path:
-    """Write a tiny ``family`` checkpoint to ``path``; 2-D weights are stored as ``tensor_type``."""
+    """Write a tiny ``family`` checkpoint to ``path``; 2-D weights are stored as ``tensor_type``.
+    With ``split_max_tensors``, gguf-split style shards ``<stem>-00001-of-0000N.gguf`` beside
+    ``path`` instead: the first shard is returned."""
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}; one of {FAMILIES}")
     if tensor_type not in FILE_TYPES:
         raise ValueError(f"unsupported tensor_type {tensor_type!r}; one of {tuple(FILE_TYPES)}")
     path = Path(path)
-    w = GGUFWriter(str(path), family)
+    w = GGUFWriter(str(path), family, split_max_tensors=split_max_tensors)
     _write_hparams(w, family, tensor_type, shape)
     _write_vocab(w, family)
     qtype = GGMLQuantizationType[tensor_type]
@@ -103,7 +111,8 @@ def write_tiny_gguf(
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return path
+    shards = sorted(path.parent.glob(f"{path.stem}-*-of-*.gguf"))
+    return shards[0] if split_max_tensors and shards else path
 
 
 def tiny_weights(family: str, *, seed: int = 0, shape: Shape = TINY) -> dict[str, np.ndarray]:

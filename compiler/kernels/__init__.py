@@ -5,5 +5,6 @@ scaffolding of rowblock.py), f32 and int8 (te matmuls the QuantMatmul schedule t
 lanes.py), attention and kv_append (in place of TVM's paged KV cache's stock CPU kernels, on the
 page of paging.py), norm, gated and vector_math. Of the compiler, kernels import only lower/
 (tvm_api's intrinsics and ISA forms, schedules' SERIAL_MAX); the quant schemes and the models
-import them.
+import them. Each module with TVMScript kernels installs lower/tvmscript.py's parsing memos
+(this package itself stays free of TVM: paging.py is read without it).
 """

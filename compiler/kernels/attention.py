@@ -58,9 +58,11 @@ import tvm
 from tvm import tirx
 from tvm.script import tirx as T
 
-from ..lower import tvm_api
+from ..lower import tvm_api, tvmscript
 from .paging import PAGE_SIZE
 from .vector_math import exp2
+
+tvmscript.install()  # faster TVMScript parsing, the same kernels
 
 KEY_BLOCK = 16  # keys per online-softmax step; prefill: equal to PAGE_SIZE, a block is one page
 ROWS = 16  # query rows per prefill tile: the float32 lanes of one AVX-512 register

@@ -32,7 +32,10 @@ import math
 from tvm import tirx
 from tvm.script import tirx as T
 
+from ..lower import tvmscript
 from .vector_math import exp_neg, splat
+
+tvmscript.install()  # faster TVMScript parsing, the same kernels
 
 ACTIVATIONS = ("silu", "gelu_tanh")
 LANES = 16  # one AVX-512 vector of float32

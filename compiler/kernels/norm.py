@@ -24,7 +24,10 @@ import functools
 from tvm import tirx
 from tvm.script import tirx as T
 
+from ..lower import tvmscript
 from ..lower.schedules import SERIAL_MAX  # calls of at most this many elements run serially
+
+tvmscript.install()  # faster TVMScript parsing, the same kernels
 
 LANES = 16  # one AVX-512 vector of float32 (two AVX2 ones)
 

@@ -3,7 +3,7 @@
 The cache key is everything the compiled code depends on: the spec, the scheme of every weight,
 the KV cache's dtype, the target, the TVM version and the source that generates code
 (fingerprint.codegen_fingerprint).
-A hit skips export and compile.
+A hit skips export and compile; `lookup` asks without compiling on a miss.
 """
 
 from __future__ import annotations
@@ -63,9 +63,7 @@ class Exportable(Protocol):
         ...
 
 
-def compile_model(
-    model: Exportable, spec: ModelSpec, schemes: dict[str, str], target: dict, progress: Callable[[str], None]
-) -> Compiled:
+def _key(model: Exportable, spec: ModelSpec, schemes: dict[str, str], target: dict) -> str:
     key_src = {
         "spec": spec.to_json(),
         "schemes": schemes,
@@ -74,24 +72,55 @@ def compile_model(
         "tvm": tvm_api.TVM_VERSION,
         "code": codegen_fingerprint(),
     }
-    key = hashlib.sha256(json.dumps(key_src, sort_keys=True).encode()).hexdigest()[:32]
-    entry = cache_dir() / key
+    return hashlib.sha256(json.dumps(key_src, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _files(entry: Path, target: dict) -> tuple[Path, Path, Path, Path]:
     # Metal's host code is arm64 Mach-O, linked where it loads: its objects travel as a tar.
-    lib, names = entry / ("module.tar" if target["kind"] == "metal" else "module.so"), entry / "params.json"
-    kernels, kernels_meta = entry / "kernels.bin", entry / "kernels.json"
+    lib = entry / ("module.tar" if target["kind"] == "metal" else "module.so")
+    return lib, entry / "params.json", entry / "kernels.bin", entry / "kernels.json"
+
+
+def lookup(
+    model: Exportable,
+    spec: ModelSpec,
+    schemes: dict[str, str],
+    target: dict,
+    progress: Callable[[str], None] | None = None,
+) -> Compiled | None:
+    """The module compiled before for this graph and target, or None: no export, no compile."""
+    key = _key(model, spec, schemes, target)
+    lib, names, kernels, kernels_meta = _files(cache_dir() / key, target)
     gpu_kernels = target["kind"] == "cuda"
-    if lib.is_file() and names.is_file() and (not gpu_kernels or kernels_meta.is_file()):
+    if not (lib.is_file() and names.is_file() and (not gpu_kernels or kernels_meta.is_file())):
+        return None
+    if progress is not None:
         progress(f"      reusing compiled module {key}")
-        sha = json.loads(kernels_meta.read_text())["source_sha256"] if gpu_kernels else ""
-        binary = kernels.read_bytes() if gpu_kernels else b""
-        return Compiled(lib.read_bytes(), json.loads(names.read_text()), target, True, binary, sha)
+    sha = json.loads(kernels_meta.read_text())["source_sha256"] if gpu_kernels else ""
+    binary = kernels.read_bytes() if gpu_kernels else b""
+    return Compiled(lib.read_bytes(), json.loads(names.read_text()), target, True, binary, sha)
+
+
+def compile_model(
+    model: Exportable, spec: ModelSpec, schemes: dict[str, str], target: dict, progress: Callable[[str], None]
+) -> Compiled:
+    """The module from the cache, or exported and compiled now (and cached). Several targets may
+    compile at once on threads (TVM's passes and LLVM release the GIL), once the model has been
+    exported for their kind (`model.exported`, which is not itself safe to race)."""
+    found = lookup(model, spec, schemes, target, progress)
+    if found is not None:
+        return found
+    key = _key(model, spec, schemes, target)
+    entry = cache_dir() / key
+    lib, names, kernels, kernels_meta = _files(entry, target)
+    gpu_kernels = target["kind"] == "cuda"
 
     t0 = time.perf_counter()
     tvm_target = tvm_api.make_target(target)
     mod, params = model.exported(tvm_target)
-    progress(
-        f"      exported {len(mod.functions_items())} functions in {time.perf_counter() - t0:.1f}s; compiling"
-    )
+    exported = time.perf_counter() - t0
+    if exported >= 0.05:  # not already exported for another target
+        progress(f"      exported {len(mod.functions_items())} functions in {exported:.1f}s; compiling")
     executable = tvm_api.compile_module(mod, tvm_target, schedules.rules_for(target["kind"]))
     entry.mkdir(parents=True, exist_ok=True)
     # Written to a temp name then renamed, so a crash never leaves a half library in the cache.
@@ -113,5 +142,5 @@ def compile_model(
             os.replace(Path(tmp) / "kernels.json", kernels_meta)
         os.replace(Path(tmp) / "params.json", names)
         os.replace(tmp_lib, lib)
-    progress(f"      compiled in {time.perf_counter() - t0:.1f}s")
+    progress(f"      compiled {target.get('mcpu') or target['kind']} in {time.perf_counter() - t0:.1f}s")
     return Compiled(lib.read_bytes(), [n for n, _ in params], target, False, binary, sha)

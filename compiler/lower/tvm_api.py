@@ -323,6 +323,7 @@ def compile_module(mod: tvm.IRModule, target: Target, schedule_rules: list[dligh
             relax.transform.LowerRuntimeBuiltin(),
             relax.transform.ComputePrimValue(),
             relax.transform.VMShapeLower(),
+            order_shape_funcs(),
             relax.transform.AttachGlobalSymbol(),
         ]
         with target:
@@ -330,6 +331,116 @@ def compile_module(mod: tvm.IRModule, target: Target, schedule_rules: list[dligh
 
     with target, cuda_compiler() if target.kind.name == "cuda" else contextlib.nullcontext():
         return tvm.compile(mod, target, relax_pipeline=pipeline)
+
+
+def _shape_func_stores(func: tirx.PrimFunc) -> list[tuple[int, tirx.BufferStore]] | None:
+    """A VMShapeLower shape function's statements as (heap slot written, store), or None where the
+    body is anything else or a store reads a slot another one writes (the order would matter)."""
+    body = func.body
+    stmts = list(body.seq) if isinstance(body, tirx.SeqStmt) else [body]
+    stores: list[tuple[int, tirx.BufferStore]] = []
+    reads: set[int] = set()
+
+    def note_read(load: tvm.ir.TensorLoad) -> tvm.ir.TensorLoad:
+        index = load.indices[0] if len(load.indices) == 1 else None
+        known = isinstance(index, tirx.IntImm) and load.source.same_as(heap)
+        reads.add(int(index) if known else -1)  # -1: a read this check cannot place
+        return load
+
+    heap = stmts[0].buffer if isinstance(stmts[0], tirx.BufferStore) else None
+    for stmt in stmts:
+        if not isinstance(stmt, tirx.BufferStore) or len(stmt.indices) != 1:
+            return None
+        if not isinstance(stmt.indices[0], tirx.IntImm) or not stmt.buffer.same_as(heap):
+            return None
+        tvm_ffi.structural_map(stmt.value, [(tvm.ir.TensorLoad, note_read)])
+        stores.append((int(stmt.indices[0]), stmt))
+    written = {slot for slot, _ in stores}
+    if -1 in reads or reads & written or len(written) != len(stores):
+        return None
+    return stores
+
+
+def _shape_func_name(index: int) -> str:
+    return "shape_func" if index == 0 else f"shape_func{index}"
+
+
+def order_shape_funcs() -> tvm.transform.Pass:
+    """VMShapeLower's shape functions in a canonical form: each one's stores in heap-slot order,
+    the structurally equal ones merged, and the rest named shape_func, shape_func1, ... in the
+    order the Relax functions (by name) first call them.
+
+    VMShapeLower (TVM 0.27) emits a shape function's stores in the order it meets the computed
+    slots while iterating an unordered_map keyed by the structural hash of each PrimExpr, and the
+    hash of a symbolic var is its address: the order changed from one process to the next, and
+    with it the host code's instructions and, as its BlockBuilder merges a new shape function into
+    an equal one already added, how many shape functions there were and their names (symbols in
+    the library). The stores are independent (each writes one computed slot from the symbolic
+    vars' slots, which the function does not write), so any order computes the same."""
+
+    @tvm.transform.module_pass(opt_level=0, name="OrderShapeFuncs")
+    def apply(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        shape = {
+            gv.name_hint: (gv, f)
+            for gv, f in mod.functions_items()
+            if isinstance(f, tirx.PrimFunc) and gv.name_hint.startswith("shape_func")
+        }
+        if not shape:
+            return mod
+        ordered: dict[str, tirx.PrimFunc] = {}
+        for name, (_gv, f) in shape.items():
+            stores = _shape_func_stores(f)
+            if stores is None:  # not the form VMShapeLower emits: leave the module as it is
+                return mod
+            stores.sort(key=lambda s: s[0])
+            ordered[name] = f.with_body(tirx.SeqStmt([st for _, st in stores])) if len(stores) > 1 else f
+        names = [_shape_func_name(i) for i in range(len(shape))]
+        if sorted(shape) != sorted(names):
+            return mod
+
+        # Shape functions in the order of their first call (Relax functions taken by name).
+        first_calls: list[str] = []
+
+        def note_call(expr: relax.Expr) -> None:
+            op = getattr(expr, "op", None) if isinstance(expr, relax.Call) else None
+            if isinstance(op, tvm.ir.GlobalVar) and op.name_hint in shape and op.name_hint not in first_calls:
+                first_calls.append(op.name_hint)
+
+        relax_funcs = sorted(
+            ((gv, f) for gv, f in mod.functions_items() if isinstance(f, relax.Function)),
+            key=lambda item: item[0].name_hint,
+        )
+        for _gv, f in relax_funcs:
+            relax.analysis.post_order_visit(f, note_call)
+        first_calls += sorted(n for n in shape if n not in first_calls)
+
+        # Merge equal ones; the k distinct functions take the first k names.
+        distinct: list[tirx.PrimFunc] = []
+        index_of: dict[str, int] = {}
+        for name in first_calls:
+            f = ordered[name]
+            same = next((i for i, g in enumerate(distinct) if tvm_ffi.structural_equal(f, g)), None)
+            if same is None:
+                distinct.append(f)
+                same = len(distinct) - 1
+            index_of[name] = same
+
+        out = mod.clone()
+        for i, f in enumerate(distinct):
+            out.update_func(shape[names[i]][0], f)
+        rename = {old: shape[names[i]][0] for old, i in index_of.items() if names[i] != old}
+        if rename:
+
+            def remap(gv: tvm.ir.GlobalVar) -> tvm.ir.GlobalVar:
+                return rename.get(gv.name_hint, gv)
+
+            for gv, f in relax_funcs:
+                out.update_func(gv, tvm_ffi.structural_map(f, [(tvm.ir.GlobalVar, remap)]))
+        for name in names[len(distinct) :]:
+            del out[shape[name][0]]
+        return out
+
+    return apply
 
 
 def cap_lanes(lanes: int) -> tvm.transform.Pass:
@@ -340,10 +451,41 @@ def cap_lanes(lanes: int) -> tvm.transform.Pass:
     return apply
 
 
+# Linked with an explicit content-derived build id: toolchains that default to none or to a random
+# one would otherwise differ from the ones (Debian's gcc) that pass sha1.
+_LINK_OPTIONS = ["-Wl,--build-id=sha1"]
+
+
 def export_library(executable, path: str) -> None:
     """A shared library; for a path ending .tar, the unlinked objects (Metal: the host code is
-    arm64 Mach-O, linked on the Mac that loads it)."""
-    executable.export_library(path)
+    arm64 Mach-O, linked on the Mac that loads it), as a reproducible tar (`_reproducible_tar`).
+    The same module exported twice, in two processes, gives the same bytes."""
+    if path.endswith(".tar"):
+        executable.export_library(path, fcompile=_reproducible_tar)
+    else:
+        executable.export_library(path, options=_LINK_OPTIONS)
+
+
+def _reproducible_tar(output: str, files: list[str]) -> None:
+    """`files` in an uncompressed tar at `output`, by base name in sorted order, with no time,
+    owner or mode of this machine in it. (TVM's own `tar.tar` gzips the temp copies' listing in
+    directory order, stamped with the time, user and group of the build: no two builds agree.)"""
+    import io
+    import tarfile
+
+    names = [os.path.basename(f) for f in files]
+    if len(set(names)) != len(names):
+        raise ValueError(f"duplicate file names among {names}")
+    with tarfile.open(output, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, file in sorted(zip(names, files, strict=True)):
+            with open(file, "rb") as f:
+                data = f.read()
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), 0o644, 0
+            tar.addfile(info, io.BytesIO(data))
+
+
+_reproducible_tar.output_format = "tar"  # what TVM's tar.tar declares
 
 
 # -- CPU ISA tiers --------------------------------------------------------------------------------
@@ -469,7 +611,7 @@ def compile_kernels(funcs: dict[str, tirx.PrimFunc], target: dict[str, Any], pat
     mod = specialize(mod, tgt)
     with tgt:
         mod = dlight.ApplyDefaultSchedule(*_schedule_rules())(mod)
-    tvm.compile(mod, tgt).export_library(path)
+    export_library(tvm.compile(mod, tgt), path)
 
 
 def _schedule_rules():

@@ -22,6 +22,8 @@ values where one part has K-quant codes and another float16 scales: both are exa
 
 from __future__ import annotations
 
+import contextlib
+import mmap
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -76,7 +78,10 @@ def _has_minus_128(t: SourceTensor) -> bool:
     if t.source_type != "Q8_0":
         return False
     blocks = np.asarray(t.raw()).reshape(-1, 34)  # 2 bytes of float16 d, 32 int8
-    return bool((blocks[:, 2:] == 0x80).any())
+    step = 1 << 16  # blocks at a time: the comparison's temporary stays small
+    found = any(bool((blocks[i : i + step, 2:] == 0x80).any()) for i in range(0, len(blocks), step))
+    release_pages(blocks)  # read again when packed, a slice at a time
+    return found
 
 
 @dataclass(frozen=True)
@@ -99,6 +104,10 @@ class Transcode:
         """The parts' blocks, rows concatenated, in this layout: value-exact."""
         return transcode(self.layout, parts)
 
+    def rows(self, parts: Sequence[SourceTensor]) -> Rows:
+        """The same, to transcode a slice of rows at a time."""
+        return Rows(self.layout, parts)
+
     def matmul(self, out_features: int, in_features: int) -> tirx.PrimFunc | TeLinear:
         return tir.kernel(out_features, in_features, self.layout)
 
@@ -108,20 +117,78 @@ class Transcode:
 
 
 def transcode(layout: Layout, parts: Sequence[SourceTensor]) -> dict[str, np.ndarray]:
-    pieces = [
-        _in_layout(layout, p.source_type, gguf_blocks.decode(p.raw(), p.source_type, p.shape)) for p in parts
-    ]
-    stacked = [None if pieces[0][i] is None else np.concatenate([p[i] for p in pieces]) for i in range(5)]
-    return affine.pack(layout, *stacked)
+    return Rows(layout, parts).pack(0, sum(p.shape[0] for p in parts))
+
+
+# Rows a piece when a weight is transcoded in pieces: ~1M weights, a few MB of temporaries each.
+PIECE_WEIGHTS = 1 << 20
+
+
+class Rows:
+    """A weight's parts (rows concatenated) to transcode a slice of rows at a time: every packed
+    parameter has its row blocks on axis 0, so slices of whole blocks give consecutive blocks of
+    each, which concatenated are the whole weight's (quant/affine.py)."""
+
+    def __init__(self, layout: Layout, parts: Sequence[SourceTensor]):
+        self.layout, self.parts = layout, list(parts)
+        # (rows, bytes per row): mmap views, asked for once a weight (a llama q or k is a copy)
+        self.raws = [np.asarray(p.raw()).reshape(p.shape[0], -1) for p in self.parts]
+        starts = np.cumsum([0] + [p.shape[0] for p in self.parts])
+        self.spans = list(zip(starts[:-1].tolist(), starts[1:].tolist(), strict=True))
+        self.rows = int(starts[-1])
+
+    def release(self) -> None:
+        """Done with the parts' blocks: drop their pages from this process's memory map (the file
+        stays in the page cache). A build reads every block once, and the mapped checkpoint would
+        otherwise count in full against its peak RSS (the 0.5B's: 491 MB of its ~1 GB)."""
+        for raw in self.raws:
+            release_pages(raw)
+        self.raws = []
+
+    def pieces(self, weights: int = PIECE_WEIGHTS) -> list[tuple[int, int]]:
+        """(start, stop) row slices of whole row blocks (the last may end mid-block), in order."""
+        k = self.parts[0].shape[-1]
+        step = max(tir.ROW_BLOCK, weights // k // tir.ROW_BLOCK * tir.ROW_BLOCK)
+        return [(r, min(r + step, self.rows)) for r in range(0, self.rows, step)]
+
+    def pack(self, start: int, stop: int) -> dict[str, np.ndarray]:
+        """Rows start..stop (start on a row block) in the layout: their blocks of each parameter."""
+        pieces = []
+        for part, raw, (lo, hi) in zip(self.parts, self.raws, self.spans, strict=True):
+            a, b = max(start, lo), min(stop, hi)
+            if a < b:
+                decoded = gguf_blocks.decode(raw[a - lo : b - lo], part.source_type, (b - a, part.shape[-1]))
+                pieces.append(_in_layout(self.layout, part.source_type, decoded))
+        if len(pieces) == 1:
+            return affine.pack(self.layout, *pieces[0])
+        stacked = [None if pieces[0][i] is None else np.concatenate([p[i] for p in pieces]) for i in range(5)]
+        return affine.pack(self.layout, *stacked)
+
+
+def release_pages(arr: np.ndarray) -> None:
+    """MADV_DONTNEED the pages under `arr` where it is a view of a read-only file mapping (an
+    np.memmap's): they are read again from the page cache if touched. Anything else: nothing."""
+    base = arr
+    while base is not None and not isinstance(base, mmap.mmap):
+        base = getattr(base, "base", None)
+    if base is None or not hasattr(mmap, "MADV_DONTNEED") or arr.size == 0 or base.closed:
+        return
+    start = arr.__array_interface__["data"][0] - np.frombuffer(base, np.uint8, 1).ctypes.data
+    end = start + arr.nbytes if arr.flags.c_contiguous else len(base)
+    first, last = (
+        start // mmap.PAGESIZE * mmap.PAGESIZE,
+        min(len(base), -(-end // mmap.PAGESIZE) * mmap.PAGESIZE),
+    )
+    with contextlib.suppress(OSError, ValueError):
+        base.madvise(mmap.MADV_DONTNEED, first, last - first)
 
 
 def _in_layout(layout: Layout, type_name: str, d: gguf_blocks.Decoded) -> tuple[np.ndarray | None, ...]:
     """One part's (u, scale, min, super_scale, super_min) in `layout`'s terms."""
     rows, k = d.q.shape
-    q = d.q.astype(np.int32)
     # a signed type in a layout with a min: its offset goes into the min (Q4_0: 8d, Q5_0: 16d)
     offset = _SIGNED_OFFSET.get(type_name, 0) if layout.zero == 0 else 0
-    u = q + (offset or layout.zero)
+    u = d.q + np.int16(offset or layout.zero)  # in [0, 256): int16 holds it
     repeat = d.group // layout.group  # a part with groups of 32 in a layout of 16: codes twice
 
     def per_group(s: gguf_blocks.Scales | None, native: np.ndarray | None = None) -> tuple:

@@ -60,8 +60,13 @@ class Decoded:
 def _nibbles(qs: np.ndarray, half: int) -> np.ndarray:
     """(..., k*half) bytes -> (..., 2*k*half): per chunk of `half` bytes, the low nibbles then the high."""
     lead = qs.shape[:-1]
-    q = qs.reshape(*lead, -1, 1, half) >> np.array([0, 4], dtype=np.uint8).reshape(2, 1)
-    return (q & np.uint8(0x0F)).reshape(*lead, -1)
+    # 8 bytes at a time (half is 16, 32 or 64): a byte's high nibble shifted down stays in it
+    words = np.ascontiguousarray(qs).view("<u8").reshape(*lead, -1, 1, half // 8)
+    out = np.empty((*words.shape[:-2], 2, half // 8), "<u8")
+    np.bitwise_and(words[..., 0, :], 0x0F0F0F0F0F0F0F0F, out=out[..., 0, :])
+    np.right_shift(words[..., 0, :], 4, out=out[..., 1, :])
+    out[..., 1, :] &= 0x0F0F0F0F0F0F0F0F
+    return out.view(np.uint8).reshape(*lead, -1)
 
 
 def _f16(b: np.ndarray) -> np.ndarray:
@@ -71,8 +76,8 @@ def _f16(b: np.ndarray) -> np.ndarray:
 
 def _high_bits32(qh: np.ndarray) -> np.ndarray:
     """Q5_0/Q5_1: (n, 4) bytes as a uint32 -> (n, 32) bit j of it, for weight j."""
-    word = np.ascontiguousarray(qh).view(np.uint32)
-    return ((word >> np.arange(32, dtype=np.uint32)) & np.uint32(1)).astype(np.uint8)
+    # bit j of the little-endian word is bit j % 8 of byte j // 8
+    return np.unpackbits(np.ascontiguousarray(qh, dtype=np.uint8), axis=-1, bitorder="little")
 
 
 def _legacy(blocks: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:

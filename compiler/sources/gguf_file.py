@@ -1,4 +1,5 @@
-"""The GGUF source: one memory-mapped file -> Checkpoint (spec, tokenizer, chat template, lazy tensors).
+"""The GGUF source: one memory-mapped file, or the shards of a split one (``name-00001-of-00003.gguf``
+...), -> Checkpoint (spec, tokenizer, chat template, lazy tensors).
 
 Tensors stay in the mmap until a ``SourceTensor.load()`` dequantizes one to float32 with
 ``gguf.quants``. llama-architecture files store Q/K rows permuted for interleaved RoPE (the
@@ -7,6 +8,7 @@ converter's ``permute``); ``load()`` undoes that so every family sees half-split
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
@@ -15,9 +17,9 @@ from typing import Any
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, ReaderTensor
 from gguf.quants import dequantize
-from goinfer.artifacts.cache import sha256_file
 from goinfer.artifacts.manifest import Tokens
 
+from ..checksum import sha256_files  # remembered by file identity (compiler/checksum.py)
 from ..models import FAMILIES
 from .base import Checkpoint, SourceError, SourceTensor
 from .gguf_spec import build_spec
@@ -35,24 +37,31 @@ SUPPORTED_TYPES = frozenset({
 # fmt: on
 
 _FLOAT_TYPES = frozenset({_T.F32, _T.F16, _T.BF16})
+# llama.cpp's gguf-split names: the shard number and count, five digits each.
+_SHARD = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 # Family chat templates for checkpoints that carry none.
 _DEFAULT_TEMPLATES = {"gemma3": "gemma3.jinja", "qwen2": "chatml.jinja", "llama": "chatml.jinja"}
 
 
 def load_gguf(path: str | Path) -> Checkpoint:
-    """Read a GGUF checkpoint; a file we cannot use raises SourceError with a one-line reason."""
+    """Read a GGUF checkpoint (any shard of a split one reads them all); a file we cannot use raises
+    SourceError with a one-line reason."""
     path = Path(path)
-    reader = _open(path)
-    meta = {name: field.contents() for name, field in reader.fields.items()}
+    shards = shard_paths(path)
+    readers = [_open(p) for p in shards]
+    # The first shard holds the metadata; every shard holds its own tensors.
+    meta = {name: field.contents() for name, field in readers[0].fields.items()}
     arch = meta.get("general.architecture")
     if arch not in FAMILIES:
         supported = ", ".join(FAMILIES)
         raise SourceError(f"{path}: unsupported architecture {arch!r}; supported: {supported}")
     try:
+        _check_split(meta, shards)
+        reader_tensors = _tensors(readers)
         vocab = read_vocab(meta)
-        shapes = {t.name: _numpy_shape(t) for t in reader.tensors}
+        shapes = {t.name: _numpy_shape(t) for t in reader_tensors}
         spec = build_spec(arch, meta, shapes, vocab)
-        for t in reader.tensors:
+        for t in reader_tensors:
             if t.tensor_type not in SUPPORTED_TYPES:
                 raise SourceError(f"tensor {t.name} has unsupported type {t.tensor_type.name}")
         tokenizer_json = build_tokenizer_json(vocab)
@@ -62,10 +71,10 @@ def load_gguf(path: str | Path) -> Checkpoint:
     if template:
         origin = "checkpoint"
     else:
-        template = _default_template(arch)
+        template = default_template(arch)
         origin = "family default: checkpoint has no tokenizer.chat_template"
     heads = {"attn_q": spec.num_heads, "attn_k": spec.num_kv_heads} if arch == "llama" else {}
-    tensors = {t.name: _source_tensor(t, heads) for t in reader.tensors}
+    tensors = {t.name: _source_tensor(t, heads) for t in reader_tensors}
     return Checkpoint(
         spec=spec,
         tokens=Tokens(bos_id=vocab.bos_id, add_bos=vocab.add_bos, stop_ids=vocab.eog_ids),
@@ -74,8 +83,46 @@ def load_gguf(path: str | Path) -> Checkpoint:
         chat_template_origin=origin,
         tensors=tensors,
         source=str(path),
-        sha256=sha256_file(path),
+        sha256=sha256_files(shards),
     )
+
+
+def shard_paths(path: Path) -> list[Path]:
+    """The files of the checkpoint at ``path``: itself, or every shard of its split, in order."""
+    m = _SHARD.match(path.name)
+    if m is None:
+        return [path]
+    count = int(m["count"])
+    paths = [path.with_name(f"{m['stem']}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
+    if missing := [p.name for p in paths if not p.is_file()]:
+        raise SourceError(f"{path}: missing shard {missing[0]} of a {count}-file split GGUF")
+    return paths
+
+
+def model_stem(path: str | Path) -> str:
+    """A checkpoint's name without its suffix or shard number: ``m-00001-of-00003.gguf`` -> ``m``."""
+    path = Path(path)
+    m = _SHARD.match(path.name)
+    return m["stem"] if m else path.stem
+
+
+def _check_split(meta: dict[str, Any], shards: list[Path]) -> None:
+    count = meta.get("split.count")
+    if count is not None and int(count) != len(shards):
+        raise SourceError(f"split.count is {count}, but the file name says {len(shards)} shards")
+    if len(shards) > 1 and count is None:
+        raise SourceError("named as a shard of a split GGUF, but the first shard has no split.count")
+
+
+def _tensors(readers: list[GGUFReader]) -> list[ReaderTensor]:
+    tensors, seen = [], set()
+    for reader in readers:
+        for t in reader.tensors:
+            if t.name in seen:
+                raise SourceError(f"tensor {t.name} appears in two shards")
+            seen.add(t.name)
+            tensors.append(t)
+    return tensors
 
 
 class _Reader(GGUFReader):
@@ -166,5 +213,6 @@ def _unpermute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
     return np.ascontiguousarray(pairs.swapaxes(1, 2)).reshape(w.shape)
 
 
-def _default_template(arch: str) -> str:
+def default_template(arch: str) -> str:
+    """The chat template we use for a family whose checkpoint carries none."""
     return (resources.files(__package__) / "templates" / _DEFAULT_TEMPLATES[arch]).read_text(encoding="utf-8")

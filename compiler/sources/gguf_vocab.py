@@ -19,7 +19,7 @@ NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 
 # fmt: off
 # Token texts llama.cpp treats as end-of-generation, whatever their stored type.
-_EOG_TEXTS = frozenset({
+EOG_TEXTS = frozenset({
     "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
     "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
     "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
@@ -28,7 +28,7 @@ _EOG_TEXTS = frozenset({
 
 # Roles llama.cpp auto-detects by text when the metadata does not give the id: (metadata keys, texts,
 # whether the role's token also ends generation). The detected token is forced to CONTROL.
-_DETECTED_ROLES: tuple[tuple[tuple[str, ...], frozenset[str], bool], ...] = (
+DETECTED_ROLES: tuple[tuple[tuple[str, ...], frozenset[str], bool], ...] = (
     (("eot_token_id",), frozenset({
         "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
         "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>",
@@ -104,7 +104,7 @@ def read_vocab(meta: Mapping[str, Any]) -> Vocab:
 
     index = {t: i for i, t in enumerate(tokens)}
     eog: set[int] = set()
-    for keys, texts, ends in _DETECTED_ROLES:
+    for keys, texts, ends in DETECTED_ROLES:
         found = next((_token_id(meta, k, None, n) for k in keys if f"tokenizer.ggml.{k}" in meta), None)
         if found is None:
             # llama.cpp takes the first match in hash order; the lowest id is our deterministic stand-in.
@@ -115,7 +115,7 @@ def read_vocab(meta: Mapping[str, Any]) -> Vocab:
         if found is not None and ends:
             eog.add(found)
     for text, i in index.items():
-        if text in _EOG_TEXTS:
+        if text in EOG_TEXTS:
             eog.add(i)
             types[i] = _as_control(types[i])
     if eos_id is not None:

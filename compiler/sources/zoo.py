@@ -300,18 +300,24 @@ def bundle_path(
         sha = hashlib.sha256(f"{source}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()
     options = f"{quant}\0{target}\0{kv_dtype}"
     key = hashlib.sha256(f"{sha}\0{options}\0{code_fingerprint()}".encode()).hexdigest()[:16]
-    return cache.folder("bundles", cache_dir) / f"{source.stem}.{quant}.{target}.{key}.giw"
+    from .gguf_file import model_stem
+
+    return cache.folder("bundles", cache_dir) / f"{model_stem(source)}.{quant}.{target}.{key}.giw"
 
 
 def resolve(ref: str, cache_dir: Path | None = None, progress: Progress | None = _stderr) -> Path:
-    """A checkpoint reference as a local path: an existing file or folder, or a zoo name."""
+    """A checkpoint reference as a local path: an existing file or folder, an hf: reference
+    (pulled into the cache once, then resolved offline) or a zoo name."""
     path = Path(ref).expanduser()
     if path.exists():
         return path
     if ref.startswith("hf:"):
-        raise ZooError(
-            f"{ref}: hf: references are not supported yet (no hub access); use a file or a zoo name"
-        )
+        # Before huggingface_hub is imported: otherwise its first request first reports usage to
+        # the Hub, a call that stalls for seconds where there is no network (and is not ours to make).
+        os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+        from . import hub
+
+        return hub.pull(ref, cache_dir, progress)
     if ref in ZOO:
         return fetch(ref, cache_dir, progress)
     if os.sep in ref or ref.endswith((".gguf", ".safetensors")):

@@ -23,6 +23,50 @@ def test_rebuild_is_byte_identical_and_reuses_the_module(tiny_gguf, tmp_path: Pa
     assert a.sha256 == b.sha256
 
 
+def test_a_warm_rebuild_compiles_nothing_and_streams_the_same_weights(
+    tiny_gguf, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Same graph, schemes and target: the modules and the self-test's libraries come from the
+    cache (nothing exported, no kernel built or compiled), the checkpoint is not hashed again, and
+    the bundle is byte-identical. The weights streamed into it, a slice of rows at a time on
+    threads, are what the in-memory pack gives."""
+    from goinfer.artifacts import cache, giw
+    from goinfer.compiler import build as build_mod
+    from goinfer.compiler import selftest
+    from goinfer.compiler.lower import compile_cache
+    from goinfer.compiler.models import layer
+    from goinfer.compiler.models.decoder import build_model
+    from goinfer.compiler.quant import gguf, scheme_for
+    from goinfer.compiler.sources import load_checkpoint
+
+    src = tiny_gguf("qwen2", "Q5_0+Q8_0:attn_v")  # two affine layouts: two self-test fixtures
+    options = BuildOptions(quant="gguf", num_cores=2)
+    monkeypatch.setattr(gguf, "PIECE_WEIGHTS", 1)  # a row block a piece: many pieces per weight
+    a = build(src, tmp_path / "a.giw", options, progress=_quiet)
+
+    def refuse(*_a, **_k):
+        raise AssertionError("a warm build compiled, built a kernel or hashed the checkpoint")
+
+    monkeypatch.setattr(compile_cache.tvm_api, "compile_module", refuse)
+    monkeypatch.setattr(selftest, "compile_kernels", refuse)
+    monkeypatch.setattr(selftest, "kernels", refuse)
+    monkeypatch.setattr(cache, "sha256_files", refuse)
+    b = build(src, tmp_path / "b.giw", options, progress=_quiet)
+    assert b.compiled_from_cache and a.sha256 == b.sha256
+    assert (tmp_path / "a.giw").read_bytes() == (tmp_path / "b.giw").read_bytes()
+
+    ckpt = load_checkpoint(src)
+    model = build_model(
+        ckpt.spec, layer("qwen2"), lambda p: scheme_for("gguf", p), ckpt.tensors, {"kind": "llvm"}, "float16"
+    )
+    tensors, _ = build_mod._pack_weights(model, ckpt, _quiet)
+    with giw.open_bundle(tmp_path / "b.giw", verify="full") as bundle:
+        params = bundle.manifest["params"]
+        assert params and set(tensors) == set(params)
+        for name in params:
+            assert bundle.tensor(name).tobytes() == tensors[name].tobytes(), name
+
+
 def test_manifest_records_source_and_flags(tiny_bundle, tiny_gguf) -> None:
     from goinfer.artifacts import cache, giw
     from goinfer.artifacts.manifest import Manifest, Source

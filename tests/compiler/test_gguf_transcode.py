@@ -121,3 +121,22 @@ def test_scheme_names_carry_the_layout() -> None:
     """The compile cache and the manifest key on the name: each layout is its own kernel."""
     names = {scheme_for("gguf", [_tensor(n, 16, 0)]).NAME for n in ("Q4_1", "Q5_0", "Q6_K")}
     assert names == {"gguf:u4-g32-float16-z0-min", "gguf:u5-g32-float16-z16", "gguf:u6-g16-int8-z32"}
+
+
+@pytest.mark.parametrize(
+    "names", [("Q5_0", "Q5_0", "Q8_0"), ("Q4_K", "Q4_K", "Q6_K"), ("Q4_0", "Q4_1"), ("Q5_K",)]
+)
+def test_slices_of_rows_concatenate_to_the_whole_weight(names) -> None:
+    """A build packs a weight a slice of row blocks at a time (quant/gguf.py `Rows`): the slices'
+    parameters, concatenated, are the whole weight's, byte for byte, whichever part each slice
+    starts or ends in (37, 21, 53 rows: part boundaries inside row blocks)."""
+    parts = [_tensor(n, (37, 21, 53)[i], i) for i, n in enumerate(names)]
+    scheme = scheme_for("gguf", parts)
+    whole = scheme.transcode(parts)
+    rows = scheme.rows(parts)
+    for weights in (16 * COLS, 48 * COLS, 10**9):  # one block a slice, three, all
+        pieces = [rows.pack(a, b) for a, b in rows.pieces(weights)]
+        assert all(a % 16 == 0 for a, _b in rows.pieces(weights))
+        for key, arr in whole.items():
+            got = np.concatenate([p[key] for p in pieces])
+            assert got.dtype == arr.dtype and got.shape == arr.shape and got.tobytes() == arr.tobytes(), key

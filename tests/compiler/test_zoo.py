@@ -173,7 +173,7 @@ def test_resolve(fake: dict[str, list[str]], tmp_path: Path) -> None:
     assert zoo.resolve(str(local)) == local
     assert zoo.resolve(str(tmp_path)) == tmp_path  # a folder (safetensors) is a path too
     assert zoo.resolve("fake", progress=None).name == "fake.gguf"
-    with pytest.raises(zoo.ZooError, match="hf: references are not supported yet"):
+    with pytest.raises(zoo.SourceError, match="is not a Hub reference"):  # hf: pulls: test_hub.py
         zoo.resolve("hf:Qwen/Qwen2.5-0.5B")
     with pytest.raises(zoo.ZooError, match=r"^no such file: "):
         zoo.resolve(str(tmp_path / "missing.gguf"))
