@@ -194,12 +194,9 @@ def zoo_plan(models: str | None, targets: str, quants: str, kv_dtype: str, fmt: 
 
     try:
         cells = _cells(models, targets, quants, kv_dtype)
-    except _user_errors() as e:
-        _fail(str(e))
-    if fmt == "github":
-        click.echo(zoo_build.github_matrix(cells))
-        return
-    try:
+        if fmt == "github":
+            click.echo(zoo_build.github_matrix(cells))
+            return
         for cell in cells:
             key = zoo_build.planned_key(cell)
             fields = (cell.name, cell.model, cell.quant, cell.target, key)
