@@ -172,7 +172,12 @@ def _source_sha256(ref: str, path: Path) -> str:
     model = zoo.ZOO.get(ref)
     if model is not None and model.kind == "gguf":
         return model.sha256  # zoo.resolve verified the file against it
-    from .sources import load_checkpoint
+    if path.is_file():  # a GGUF's digest is its shards' bytes: no need to parse it (build will)
+        from .checksum import sha256_files
+        from .sources.gguf_file import shard_paths
+
+        return sha256_files(shard_paths(path))
+    from .sources import load_checkpoint  # a folder's digest covers the files its loader reads
 
     return load_checkpoint(path).sha256
 

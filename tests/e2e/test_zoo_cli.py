@@ -39,6 +39,7 @@ def test_zoo_build_writes_a_content_addressed_store_and_its_index(store) -> None
     assert bundle.stat().st_size == entry.size
     with giw.open_bundle(bundle, verify="full") as b:
         assert b.manifest["build"]["quant"] == "gguf"
+        assert b.manifest["source"]["sha256"] == entry.source_sha256  # the key's digest is the build's
     assert zoo_store.verified(folder, entry)
 
 
