@@ -76,6 +76,8 @@ def read_index(store: str | os.PathLike[str]) -> list[Entry]:
         return []
     try:
         body = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:  # its message holds the byte: say what is wrong, not what is there
+        raise StoreError(f"{path}: unreadable zoo index: not UTF-8 text (at byte {e.start})") from None
     except (OSError, ValueError) as e:
         raise StoreError(f"{path}: unreadable zoo index: {e}") from None
     bundles = body.get("bundles") if isinstance(body, dict) else None

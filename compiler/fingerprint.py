@@ -10,7 +10,7 @@ editing anything else does not throw a good one away:
   sources/: what a checkpoint reader decides reaches the module only as the spec and the weight
   schemes, both in the key themselves. Not build.py or selftest.py: the one picks schemes and
   targets (in the key too) and writes the bundle, the other's kernel fixtures have their own key.
-- `code_fingerprint`, the bundle cache's (sources/zoo.py): all of compiler/ and artifacts/, as a
+- `code_fingerprint`, the bundle key's (resolve.py): all of compiler/ and artifacts/, as a
   bundle also holds the packed weights, the tokenizer, the chat template and the manifest, written
   by artifacts/.
 - `selftest_fingerprint`, the self-test libraries' (selftest.py): the codegen source and

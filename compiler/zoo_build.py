@@ -1,9 +1,10 @@
 """`goinfer zoo`: build a model x target x quant matrix into a content-addressed store, for CI.
 
-A cell's key hashes everything its bundle is built from: the checkpoint's sha256, the quant,
-target and KV dtype, the compiler's fingerprint and the TVM version. Builds are byte-reproducible,
-so a key names one bundle's bytes wherever it is built: a cell already in the store (and whose
-file verifies) is skipped, and a CI cache keyed on it restores it instead of rebuilding.
+A cell's key is its bundle's one identity (resolve.py's `bundle_key`, which names the bundle
+cache's files too): the checkpoint's sha256, the quant, target and KV dtype, the compiler's
+fingerprint and the TVM version. Builds are byte-reproducible, so a key names one bundle's bytes
+wherever it is built: a cell already in the store (and whose file verifies) is skipped, and a CI
+cache keyed on it restores it instead of rebuilding.
 
 `plan` prints the cells for a CI job matrix, each cell builds on its own runner into its own
 store, and `merge` joins those stores into one (artifacts/zoo_store.py is the store's format).
@@ -11,7 +12,6 @@ store, and `merge` joins those stores into one (artifacts/zoo_store.py is the st
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -22,8 +22,8 @@ from pathlib import Path
 from goinfer.artifacts import zoo_store
 
 from .build import BuildOptions, build
-from .fingerprint import code_fingerprint
 from .kernels.paging import DEFAULT_KV_DTYPE
+from .resolve import bundle_key, source_sha256
 from .sources import zoo
 
 Progress = Callable[[str], None]
@@ -41,6 +41,10 @@ class Cell:
     @property
     def build_target(self) -> str:
         return self.target.replace("+", ",")
+
+    @property
+    def options(self) -> BuildOptions:
+        return BuildOptions(target=self.build_target, quant=self.quant, kv_dtype=self.kv_dtype)
 
     @property
     def name(self) -> str:
@@ -64,31 +68,13 @@ def github_matrix(cells: Sequence[Cell]) -> str:
     return json.dumps({"include": include}, separators=(",", ":"))
 
 
-def key(cell: Cell, source_sha256: str) -> str:
-    """The hash of a cell's inputs: equal keys, equal bundle bytes. The target is resolved for this
-    host (a CPU target's ISA tiers, mcpu and cores), since that is what the code is compiled for."""
-    from .lower import compile_cache
-
-    options = BuildOptions(target=cell.build_target)
-    targets = [compile_cache.tiers_for(kind, None, options.cuda_arch) for kind in options.targets]
-    inputs = {
-        "source_sha256": source_sha256,
-        "quant": cell.quant,
-        "target": targets,
-        "kv_dtype": cell.kv_dtype,
-        "compiler": code_fingerprint(),
-        "tvm": compile_cache.tvm_api.TVM_VERSION,
-    }
-    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:32]
-
-
 def planned_key(cell: Cell) -> str:
     """The key before building: a zoo model's from its pinned sha256 (nothing fetched), any other
     checkpoint's from its bytes (an hf: reference is pulled first)."""
     model = zoo.ZOO.get(cell.model)
     if model is not None and model.kind == "gguf":
-        return key(cell, model.sha256)
-    return key(cell, _source_sha256(cell.model, zoo.resolve(cell.model)))
+        return bundle_key(model.sha256, cell.options)
+    return bundle_key(source_sha256(zoo.resolve(cell.model)), cell.options)
 
 
 def build_store(cells: Sequence[Cell], store: Path, progress: Progress) -> tuple[list[str], list[str]]:
@@ -100,8 +86,8 @@ def build_store(cells: Sequence[Cell], store: Path, progress: Progress) -> tuple
     for i, cell in enumerate(cells, 1):
         progress(f"zoo [{i}/{len(cells)}] {cell.name}")
         source = zoo.resolve(cell.model, progress=progress)
-        source_sha = _source_sha256(cell.model, source)
-        cell_key = key(cell, source_sha)
+        source_sha = source_sha256(source)
+        cell_key = bundle_key(source_sha, cell.options)
         have = entries.get(cell.name)
         if have is not None and have.key == cell_key and zoo_store.verified(store, have):
             progress(f"      already built: {have.path} ({have.size / 2**20:.1f} MiB, key {cell_key})")
@@ -109,9 +95,8 @@ def build_store(cells: Sequence[Cell], store: Path, progress: Progress) -> tuple
             continue
         rel = zoo_store.bundle_relpath(cell_key)
         (store / rel).parent.mkdir(parents=True, exist_ok=True)
-        options = BuildOptions(target=cell.build_target, quant=cell.quant, kv_dtype=cell.kv_dtype)
         origin = cell.model if cell.model.startswith("hf:") else source  # recorded as given
-        result = build(origin, store / rel, options, progress)
+        result = build(origin, store / rel, cell.options, progress)
         entries[cell.name] = zoo_store.Entry(
             name=cell.name,
             model=_model_name(cell.model),
@@ -166,20 +151,6 @@ def _bring(src: Path, dst: Path, entry: zoo_store.Entry) -> None:
     except OSError:
         shutil.copyfile(src, tmp)
     os.replace(tmp, dst)
-
-
-def _source_sha256(ref: str, path: Path) -> str:
-    model = zoo.ZOO.get(ref)
-    if model is not None and model.kind == "gguf":
-        return model.sha256  # zoo.resolve verified the file against it
-    if path.is_file():  # a GGUF's digest is its shards' bytes: no need to parse it (build will)
-        from .checksum import sha256_files
-        from .sources.gguf_file import shard_paths
-
-        return sha256_files(shard_paths(path))
-    from .sources import load_checkpoint  # a folder's digest covers the files its loader reads
-
-    return load_checkpoint(path).sha256
 
 
 def _model_name(ref: str) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -94,36 +94,56 @@ def choose_tier(
         return tiers[0], result
     if bundle.header_sha256 in _DONE:
         return _DONE[bundle.header_sha256]
-    check = check or _check_tier
+    run = check or _check_tier
+    by_name = {t.tier: t for t in tiers}
+    result = step_down(list(by_name), lambda name: run(bundle, m, by_name[name], lib_dir), warn)
+    chosen = next(t for t in tiers if t.tier == result.tier)  # step_down raised if none passed
+    _DONE[bundle.header_sha256] = (chosen, result)
+    return chosen, result
 
+
+def step_down(
+    tiers: Sequence[str],
+    check: Callable[[str], list[dict[str, Any]]],
+    warn: Callable[[str], None] = _warn,
+    reason: str = "",
+) -> SelfTestResult:
+    """Check the tiers best first and stop at the first that passes; each failure steps down with
+    one warning. "pass": the best tier passed; "repaired": a lower one did; "declined": none did
+    (recorded, then SelfTestError). `goinfer check` and every model load decide by this alone."""
     t0 = time.perf_counter()
     mismatches: list[dict[str, Any]] = []
     stepped: list[str] = []
     chosen = None
     for i, tier in enumerate(tiers):
-        bad = check(bundle, m, tier, lib_dir)
+        bad = check(tier)
         if not bad:
             chosen = tier
             break
         mismatches += bad
-        stepped.append(tier.tier)
+        stepped.append(tier)
         worst = max(bad, key=lambda b: b["observed"])
-        nxt = tiers[i + 1].tier if i + 1 < len(tiers) else None
+        nxt = tiers[i + 1] if i + 1 < len(tiers) else None
         warn(
-            f"WARN: self-test: {worst['kernel']} on CPU tier {tier.tier}: relative error "
+            f"WARN: self-test: {worst['kernel']} on CPU tier {tier}: relative error "
             f"{worst['observed']:.3g} > {worst['allowed']:.0e}; "
             + (f"stepping down to {nxt}" if nxt else "no lower tier left")
         )
     ms = (time.perf_counter() - t0) * 1e3
-    status = (
-        "pass" if chosen is not None and not stepped else "repaired" if chosen is not None else "declined"
-    )
-    result = SelfTestResult("cpu", status, chosen.tier if chosen else None, ms, mismatches, stepped)
+    status = "declined" if chosen is None else "repaired" if stepped else "pass"
+    result = SelfTestResult("cpu", status, chosen, ms, mismatches, stepped, reason)
     RESULTS.append(result)
     if chosen is None:
         raise SelfTestError(
             f"self-test: every CPU tier failed ({', '.join(stepped)}); refusing to return wrong numbers "
             "(GOINFER_NO_SELFTEST=1 skips the check)"
         )
-    _DONE[bundle.header_sha256] = (chosen, result)
-    return chosen, result
+    return result
+
+
+def tier_states(tiers: Sequence[str], result: SelfTestResult | None) -> list[tuple[str, str]]:
+    """Each tier, best first, with what the self-test made of it (`goinfer check --hardware`)."""
+    chosen, stepped = (result.tier, result.stepped_down) if result else (None, [])
+    return [
+        (t, "in use" if t == chosen else "failed self-test" if t in stepped else "available") for t in tiers
+    ]

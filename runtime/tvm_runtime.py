@@ -1,9 +1,12 @@
-"""The runtime's only door to TVM: libtvm_runtime through tvm_ffi, never the compiler.
+"""The runtime's CPU door to TVM: libtvm_runtime through tvm_ffi, never the compiler.
 
 A cold start pays for every import, so this module does not `import tvm` (its Python package costs
 ~0.15 s on top of the library here, measured). It loads libtvm_runtime itself, next to tvm_ffi, and
-drives the Relax VM through the packed functions the library registers. A compiler in the same
-process (a build, the tests) imports tvm as usual; both then share the one loaded runtime library.
+drives the Relax VM through the packed functions the library registers. It is not the only one:
+cuda.py (the CUDA door) loads TVM's CUDA runtime beside it and calls tvm_ffi itself, and model.py,
+kv_pool.py, selftest.py and gpu_selftest.py call through this module; none of them imports the tvm
+package. A compiler in the same process (a build, the tests) imports tvm as usual; both then share
+the one loaded runtime library.
 """
 
 from __future__ import annotations

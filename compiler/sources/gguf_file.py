@@ -156,7 +156,8 @@ def _open(path: Path) -> GGUFReader:
     except OSError as e:
         raise SourceError(f"{path}: cannot read: {e.strerror}") from None
     if magic != b"GGUF":
-        raise SourceError(f"{path}: not a GGUF file (starts with {magic!r}, not b'GGUF')")
+        # what was wrong, never the bytes read: the path may name any file (a server's admin load)
+        raise SourceError(f"{path}: not a GGUF file (it does not start with the GGUF magic)")
     try:
         return _Reader(path)
     except SourceError as e:

@@ -119,8 +119,10 @@ def _load(path: Path) -> Checkpoint:
 def _text(file: Path, read: list[Path]) -> str:
     try:
         text = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise SourceError(f"{file.name}: cannot read: {e}") from None
+    except OSError as e:
+        raise SourceError(f"{file.name}: cannot read: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:  # its message holds the byte: say what is wrong, not what is there
+        raise SourceError(f"{file.name}: not UTF-8 text (at byte {e.start})") from None
     read.append(file)
     return text
 

@@ -27,7 +27,6 @@ from typing import BinaryIO
 
 from goinfer.artifacts import cache
 
-from ..fingerprint import code_fingerprint
 from ..kernels.paging import DEFAULT_KV_DTYPE
 from .base import SourceError
 
@@ -287,22 +286,13 @@ def bundle_path(
     source: Path, quant: str, target: str, cache_dir: Path | None = None, *, kv_dtype: str = DEFAULT_KV_DTYPE
 ) -> Path:
     """Where the bundle built from ``source`` with these options (BuildOptions' quant, target and
-    kv_dtype) is cached: ``<cache>/bundles/``.
+    kv_dtype) is cached: ``<cache>/bundles/``, named by the bundle's one key (resolve.py's
+    `bundle_key`, as the zoo stores name theirs)."""
+    from ..build import BuildOptions
+    from ..resolve import cached_bundle
 
-    A zoo file is keyed by its pinned sha256; any other file by its path, size and mtime (hashing
-    a checkpoint per run would cost more than the lookup saves). The goinfer version is in the key,
-    so an edited compiler never reuses an older build.
-    """
-    source = Path(source).resolve()
-    sha = next((m.sha256 for m in ZOO.values() if m.kind == "gguf" and m.filename == source.name), None)
-    if sha is None:
-        st = source.stat()
-        sha = hashlib.sha256(f"{source}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()
-    options = f"{quant}\0{target}\0{kv_dtype}"
-    key = hashlib.sha256(f"{sha}\0{options}\0{code_fingerprint()}".encode()).hexdigest()[:16]
-    from .gguf_file import model_stem
-
-    return cache.folder("bundles", cache_dir) / f"{model_stem(source)}.{quant}.{target}.{key}.giw"
+    options = BuildOptions(target=target, quant=quant, kv_dtype=kv_dtype)
+    return cached_bundle(Path(source), options, cache_dir)
 
 
 def resolve(ref: str, cache_dir: Path | None = None, progress: Progress | None = _stderr) -> Path:

@@ -210,7 +210,9 @@ def test_bundle_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert a.suffix == ".giw" and zoo.bundle_path(src, "int4", "llvm") == a
     assert zoo.bundle_path(src, "int8", "llvm") != a
     assert zoo.bundle_path(src, "int4", "llvm", kv_dtype="float32") != a  # the KV dtype: a rebuild
-    os.utime(src, ns=(5, 5))  # an edited source gets a fresh bundle
+    os.utime(src, ns=(5, 5))  # touched, the same bytes: the same bundle
+    assert zoo.bundle_path(src, "int4", "llvm") == a
+    src.write_bytes(b"GGUF v2")  # an edited source gets a fresh bundle
     assert zoo.bundle_path(src, "int4", "llvm") != a
     # A zoo file is keyed by its pinned sha256, wherever it lives.
     name = zoo.ZOO[zoo.DEFAULT_MODEL].filename
@@ -220,3 +222,24 @@ def test_bundle_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert zoo.bundle_path(tmp_path / name, "int4", "llvm") == zoo.bundle_path(
         tmp_path / "x" / name, "int4", "llvm"
     )
+
+
+def test_a_bundle_has_one_key_in_the_cache_and_in_a_zoo_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bundle cache (`generate`/`serve` on a checkpoint) and `goinfer zoo` name a bundle by
+    the same key, so one can be found by the other's."""
+    from goinfer.compiler import zoo_build
+
+    monkeypatch.setenv("GOINFER_CACHE", str(tmp_path / "cache"))
+    src = tmp_path / "m.gguf"
+    src.write_bytes(b"GGUF" + bytes(100))
+    for quant, target, kv in (("gguf", "llvm", "float16"), ("int4", "llvm", "float32")):
+        key = zoo_build.planned_key(zoo_build.Cell(str(src), quant, target, kv))
+        assert len(key) == 32
+        assert zoo.bundle_path(src, quant, target, kv_dtype=kv).name == f"m.{quant}.{target}.{key}.giw"
+    # A zoo model's key is its pinned sha256's, fetched or not.
+    name = zoo.DEFAULT_MODEL
+    (tmp_path / zoo.ZOO[name].filename).write_bytes(b"")
+    key = zoo_build.planned_key(zoo_build.Cell(name, "gguf", "llvm"))
+    assert zoo.bundle_path(tmp_path / zoo.ZOO[name].filename, "gguf", "llvm").name.endswith(f".{key}.giw")

@@ -75,12 +75,14 @@ def test_build_kv_dtype(tiny_gguf, tmp_path: Path) -> None:
 
 
 def test_generate_prints_only_the_text(tiny_bundle) -> None:
+    from goinfer.runtime.decode import GenerationRequest
     from goinfer.runtime.model import Model
     from goinfer.runtime.sampler import SamplingParams
 
     bundle = tiny_bundle("qwen2", "f32")
     m = Model.load(bundle)
-    events = list(m.generate(m.encode("Hello world"), SamplingParams(temperature=0, max_tokens=12)))
+    greedy = SamplingParams(temperature=0, max_tokens=12)
+    events = list(m.generate(GenerationRequest(m.encode("Hello world"), greedy)))
     expected = "".join(e.text for e in events) + "\n"
     result = _run("generate", bundle, "Hello world", "--max-tokens", "12", "--temperature", "0")
     assert result.exit_code == 0, result.stderr
@@ -118,3 +120,27 @@ def test_corrupt_bundle_is_refused(tiny_bundle, tmp_path: Path) -> None:
     (tmp_path / "magic.giw").write_bytes(b"XXXX" + data[4:])
     _assert_one_line_error(_run("inspect", tmp_path / "magic.giw"), "magic")
     _assert_one_line_error(_run("generate", tmp_path / "nope.giw", "hi"), "nope.giw")
+
+
+def test_inspect_verify_checks_every_digest(tiny_bundle, tmp_path: Path) -> None:
+    """A flipped weight byte: `inspect` shows the manifest (it reads no blob), `inspect --verify`
+    hashes every one and exits 2 naming the tensor whose sha256 does not match."""
+    from goinfer.artifacts import giw
+
+    good = Path(tiny_bundle("llama", "int8"))
+    ok = _run("inspect", "--verify", good)
+    assert ok.exit_code == 0, ok.output
+    assert ok.stdout.splitlines()[-1].startswith("verified: ") and "match their sha256" in ok.stdout
+    as_json = _run("inspect", "--verify", "--json", good)  # stdout stays one JSON document
+    assert as_json.exit_code == 0 and json.loads(as_json.stdout) and "verified: " in as_json.stderr
+
+    with giw.open_bundle(good, verify="none") as b:
+        name = next(n for n in b.tensor_names() if n.endswith(".weight"))
+        offset = b.tensor_info(name).file_offset
+    data = bytearray(good.read_bytes())
+    data[offset + 3] ^= 0x10
+    bad = tmp_path / "flipped.giw"
+    bad.write_bytes(bytes(data))
+    assert _run("inspect", bad).exit_code == 0
+    _assert_one_line_error(_run("inspect", "--verify", bad), "sha256 mismatch", repr(name))
+    _assert_one_line_error(_run("inspect", "--verify", "--json", bad), "sha256 mismatch", repr(name))

@@ -130,14 +130,14 @@ def test_generate_from_a_store_never_builds(store, monkeypatch) -> None:
 
 
 def test_serve_names_every_bundle_of_a_store(store) -> None:
-    from goinfer.cli.main import _model_specs
+    from goinfer.compiler.resolve import model_specs
 
     source, folder = store
     name = f"{source.stem}.gguf.llvm"
-    assert _model_specs((f"zoo:{folder}",)) == [(name, f"zoo:{folder}/{name}")]
-    assert _model_specs((f"zoo:{folder}/index.json",)) == [(name, f"zoo:{folder}/{name}")]
-    assert _model_specs((f"zoo:{folder}/{source.stem}",)) == [(source.stem, f"zoo:{folder}/{source.stem}")]
-    assert _model_specs(("m=zoo:x/y", "/a/b/qwen-00001-of-00003.gguf")) == [
+    assert model_specs((f"zoo:{folder}",)) == [(name, f"zoo:{folder}/{name}")]
+    assert model_specs((f"zoo:{folder}/index.json",)) == [(name, f"zoo:{folder}/{name}")]
+    assert model_specs((f"zoo:{folder}/{source.stem}",)) == [(source.stem, f"zoo:{folder}/{source.stem}")]
+    assert model_specs(("m=zoo:x/y", "/a/b/qwen-00001-of-00003.gguf")) == [
         ("m", "zoo:x/y"),
         ("qwen", "/a/b/qwen-00001-of-00003.gguf"),
     ]

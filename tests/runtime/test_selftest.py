@@ -116,3 +116,40 @@ def test_check_without_flag_is_one_line_error():
     res = CliRunner().invoke(main, ["check"])
     assert res.exit_code == 2
     assert res.stdout == "" and res.stderr == "goinfer: error: nothing to check: pass --hardware\n"
+
+
+def test_step_down_is_the_one_rule_for_pass_repaired_and_declined():
+    ok, bad = [], [{"kernel": "k", "tier": "t", "observed": 1.0, "allowed": 1e-5}]
+    warned: list[str] = []
+    assert selftest.step_down(["a", "b"], lambda t: ok, warned.append).status == "pass"
+    result = selftest.step_down(["a", "b", "c"], lambda t: bad if t == "a" else ok, warned.append)
+    assert (result.status, result.tier, result.stepped_down) == ("repaired", "b", ["a"])
+    assert selftest.tier_states(["a", "b", "c"], result) == [
+        ("a", "failed self-test"),
+        ("b", "in use"),
+        ("c", "available"),  # not run: the first tier that passes is the one used
+    ]
+    assert len(warned) == 1 and "stepping down to b" in warned[0]
+    with pytest.raises(selftest.SelfTestError):
+        selftest.step_down(["a"], lambda t: bad, warned.append)
+    assert selftest.RESULTS[-1].status == "declined"
+
+
+def test_check_without_a_bundle_steps_down_as_a_load_does(monkeypatch):
+    """`goinfer check --hardware` on freshly compiled kernels: a failing best tier is "repaired"
+    on the next, as runtime/selftest.py decides for a bundle (the compile is stubbed out here)."""
+    from goinfer.compiler import selftest as build_side
+    from goinfer.compiler.lower import tvm_api
+
+    fixtures = {"k": (None, [np.zeros(1)], np.zeros(1))}
+    monkeypatch.setattr(build_side, "fixtures", lambda: fixtures)
+    monkeypatch.setattr(build_side, "compile_for", lambda fx, target: b"")
+    monkeypatch.setattr(tvm_api, "cpu_tiers", lambda: [("best", {}), ("lower", {})])
+    wrong = [{"kernel": "k", "tier": "best", "observed": 0.5, "allowed": 1e-5}]
+    monkeypatch.setattr(
+        selftest, "check_library", lambda lib, tier, cases, tol: wrong if tier == "best" else []
+    )
+    res = CliRunner().invoke(main, ["check", "--hardware"])
+    assert res.exit_code == 0, res.output
+    assert "tiers     best (failed self-test), lower (in use)" in res.stdout
+    assert "selftest  repaired, tier lower" in res.stdout and "stepped down from best" in res.stdout

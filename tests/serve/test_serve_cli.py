@@ -65,7 +65,7 @@ def test_banner_names_each_model_and_the_caps(served, tiny_bundle) -> None:
     assert "OpenAI base URL http://127.0.0.1:8080/v1" in out
     assert f"model tiny: {tiny_bundle('qwen2', 'f32')} (quant f32, target llvm" in out
     assert "context window 256" in out
-    assert "body caps: chat/completions and completions 2 KiB, other routes 2 KiB" in out
+    assert "body caps: every route 2 KiB" in out
     assert "concurrency: 4 generations per model at once, 3 waiting; admin routes off" in out
     assert "KV cache 256 tokens x " in out and "16 warm sessions kept" in out
     assert "WARNING: no API key" in out
@@ -78,13 +78,14 @@ def test_banner_names_each_model_and_the_caps(served, tiny_bundle) -> None:
 
 
 def test_a_tiny_real_model_serves_what_generate_gives(served, tiny_bundle) -> None:
+    from goinfer.runtime.decode import GenerationRequest
     from goinfer.runtime.model import Model
     from goinfer.runtime.sampler import SamplingParams
 
     model = Model.load(tiny_bundle("qwen2", "f32"), self_test=False)
     messages = [{"role": "user", "content": "Name a prime."}]
     ids = model.chat_prompt(messages)
-    events = list(model.generate(ids, SamplingParams(temperature=0, max_tokens=10)))
+    events = list(model.generate(GenerationRequest(ids, SamplingParams(temperature=0, max_tokens=10))))
     _result, app, _config = served()
 
     async def ask() -> tuple[dict, dict]:
@@ -120,23 +121,28 @@ def test_a_tiny_real_model_serves_what_generate_gives(served, tiny_bundle) -> No
 
 
 def test_model_specs_are_named_by_zoo_name_or_stem() -> None:
-    from goinfer.cli.main import _model_specs
+    from goinfer.compiler.resolve import model_specs
 
-    assert _model_specs(("smollm2-135m", "x=/m/a.gguf", "/m/b.giw")) == [
+    assert model_specs(("smollm2-135m", "x=/m/a.gguf", "/m/b.giw")) == [
         ("smollm2-135m", "smollm2-135m"),
         ("x", "/m/a.gguf"),
         ("b", "/m/b.giw"),
     ]
 
 
-def test_the_prefill_chunk_default_is_the_runtimes() -> None:
-    """The CLI spells the default out (importing the runtime would load TVM at startup); a
-    different one would make the server's replies differ from `goinfer generate`'s."""
-    from goinfer.cli.main import serve
-    from goinfer.runtime.model import DEFAULT_PREFILL_CHUNK
+def test_the_knobs_reach_the_configs_that_own_them(served) -> None:
+    """One --max-concurrent: the scheduler's, and the registry admits as many; origins repeat."""
+    a, b = "http://a.example", "https://b.example:8443"
+    result, app, config = served(
+        "--max-concurrent", "2", "--cors-origin", a, "--cors-origin", b, "--temp", "0.5"
+    )
+    assert config.max_concurrent == 2 and config.cors_origins == (a, b)
+    assert config.sampling.temperature == 0.5 and config.sampling.top_p == 1.0
+    assert "concurrency: 2 generations per model at once" in result.stdout
+    from goinfer.serve.keys import REGISTRY
 
-    option = next(p for p in serve.params if p.name == "prefill_chunk")
-    assert option.default == DEFAULT_PREFILL_CHUNK
+    (slot,) = app[REGISTRY].slots.values()
+    assert slot.max_concurrent == 2 and slot.engine.scheduler.config.max_concurrent == 2
 
 
 def test_serve_takes_the_bundle_as_its_argument_and_a_device(tiny_bundle, monkeypatch) -> None:
@@ -151,3 +157,45 @@ def test_serve_takes_the_bundle_as_its_argument_and_a_device(tiny_bundle, monkey
     # This bundle has no CUDA module: asking for the GPU is a one-line error naming the fix.
     _one_line_error(_run("serve", bundle, "--device", "cuda"), "has no CUDA module (built for llvm)")
     _one_line_error(_run("serve", bundle, "--device", "tpu"), "'tpu' is not one of")
+
+
+def test_an_admin_load_says_what_is_wrong_with_a_file_never_what_it_holds(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """POST /admin/models/load reads whatever path it is given, through the loader `serve` uses: a
+    file that is no model (here a stand-in for /etc/shadow) is refused saying what is wrong with
+    it, and none of its bytes come back."""
+    from goinfer.cli.main import engine_loader
+    from goinfer.compiler.build import BuildOptions
+    from goinfer.serve.app import create_app
+    from goinfer.serve.config import ServeConfig
+
+    monkeypatch.setenv("GOINFER_CACHE", str(tmp_path / "cache"))
+    secret = b"root:secret:19000:0:99999:7:::\n"
+    (tmp_path / "shadow").write_bytes(secret)
+    (tmp_path / "shadow.gguf").write_bytes(secret)
+    (tmp_path / "shadow.giw").write_bytes(secret)
+    for name, body in (("notjson", secret), ("notutf8", b"\xff" + secret)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_bytes(body)
+    why = {
+        "shadow": "not a GGUF file",
+        "shadow.gguf": "not a GGUF file",
+        "shadow.giw": "bad magic",
+        "notjson": "config.json: not JSON",
+        "notutf8": "config.json: not UTF-8",
+    }
+    app = create_app({}, ServeConfig(allow_admin=True), loader=engine_loader(BuildOptions()))
+
+    async def load_each() -> dict[str, tuple[int, str]]:
+        got = {}
+        async with TestClient(TestServer(app)) as client:
+            for name in why:
+                resp = await client.post("/admin/models/load", json={"path": str(tmp_path / name)})
+                got[name] = (resp.status, await resp.text())
+        return got
+
+    for name, (status, text) in asyncio.run(load_each()).items():
+        assert status == 400 and why[name] in text, (name, text)
+        said = text.replace(str(tmp_path), "<dir>")  # the path is the caller's own (and may hold "root")
+        assert "root" not in said and "secret" not in said and "\\u00ff" not in said, (name, said)

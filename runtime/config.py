@@ -1,0 +1,23 @@
+"""The runtime's defaults, in one place that imports nothing heavy: the CLI reads its option
+defaults here at startup without loading TVM (tests/runtime/test_runtime_imports.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Prompt tokens a forward, wherever a prompt is fed (Model.prefill, the server's scheduler): a
+# reused prefix is exact only where it ends at a chunk boundary a cold run also has
+# (runtime/kv_pool.py), and one size everywhere makes the CLI's reply the server's.
+DEFAULT_PREFILL_CHUNK = 128
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_concurrent: int = 4  # generations that run at once (more wait, first come first served)
+    kv_sessions: int = 16  # warm sequences kept for prefix reuse (0: none, no reuse)
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK  # prompt tokens a step; capped by the bundle's own
+    batch: str = "auto"  # "on" | "off" | "auto": batch concurrent decode steps into one forward
+    kv_tokens: int = 0  # the cache's capacity in tokens, all sequences together (0: the window)
+    context: int = 0  # caps the model's context window (0: the bundle's)
+    session_dir: str | None = None  # warm sessions persisted here and restored at start
+    prefix_reuse: str = "exact"  # "exact": whole cold chunks only (bit-exact) | "longest" (kv_pool.py)
