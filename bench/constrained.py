@@ -61,9 +61,14 @@ class _Timed:
 
 
 def _ms_per_token(model, ids: list[int], max_tokens: int, constraint) -> tuple[float, int]:
+    from goinfer.runtime.decode import GenerationRequest
     from goinfer.runtime.sampler import SamplingParams
 
-    events = list(model.generate(ids, SamplingParams(temperature=0, max_tokens=max_tokens), None, constraint))
+    events = list(
+        model.generate(
+            GenerationRequest(ids, SamplingParams(temperature=0, max_tokens=max_tokens), None, constraint)
+        )
+    )
     t = events[-1].timings
     n = t["completion_tokens"]
     return (t["decode_s"] / max(n - 1, 1)) * 1e3, n

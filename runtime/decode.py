@@ -1,23 +1,79 @@
-"""The decode loop, over any source of logits: sampling, grammar masks, logprobs, captured choices.
+"""A generation: a GenerationRequest in, StepEvents out, and the decode loop between them.
 
-`Model.generate` and the server's scheduler run it over the compiled model; tests run the very
-same loop over fake logits.
+`GenerationRequest` is the one value a generation crosses into the runtime with (serve/, the CLI
+and tests build it); `StepEvent` is what comes back, one per token, then one with the finish
+reason. Everything a client sees (stop strings, logprobs, tool calls, per-field confidence) is
+built from those in serve/. The loop (`generate_events`) runs over any source of logits:
+`Model.generate` and the server's scheduler run it over the compiled model, tests over fake
+logits; it samples, applies grammar masks, records logprobs and captured choices, detokenizes,
+and decides the reply's token budget.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .detokenizer import Detokenizer
 from .grammar import Constraint
 from .sampler import Sampler, SamplingParams, log_softmax
-from .stream import StepChoice, StepEvent
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 
+# -- what crosses the boundary ------------------------------------------------------------------
+@dataclass(frozen=True)
+class GenerationRequest:
+    """A prompt and how to continue it.
+
+    `logprobs` None: no log-probabilities; k: each token's and its k most likely alternatives.
+    `constraint` masks every step (stateful: one request, one run); `capture` records each masked
+    step's choice (per-field confidence)."""
+
+    prompt_ids: Sequence[int]
+    sampling: SamplingParams
+    logprobs: int | None = None
+    constraint: Constraint | None = None
+    capture: bool = False
+
+    def budget(self, window: int) -> int:
+        """Tokens the reply may have: what was asked (None: all that is left), clamped to what
+        `window` leaves after the prompt, as llama.cpp clamps (the reply then ends with "length")."""
+        room = window - len(self.prompt_ids)
+        asked = self.sampling.max_tokens
+        return room if asked is None else max(0, min(asked, room))
+
+
+@dataclass(frozen=True)
+class StepChoice:
+    """What a grammar left open at one step, for per-field confidence: the chosen token's
+    probability among the legal tokens (temperature 1), how many were legal, and, where few were,
+    each legal token's probability."""
+
+    legal: int
+    prob: float
+    options: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """One generated token, or the end of the stream (token_id None, finish_reason set)."""
+
+    token_id: int | None
+    text: str
+    logprob: float | None = None
+    finish_reason: str | None = None  # "stop" | "length"
+    timings: dict[str, float] = field(default_factory=dict)
+    top_logprobs: tuple[tuple[int, float], ...] = ()  # the most likely alternatives, best first
+    choice: StepChoice | None = None  # set when a grammar masked this step and capture was asked
+
+
+# -- the loop ---------------------------------------------------------------------------------
 def sample_tokens(
     logits: np.ndarray,
     step: Callable[[int], np.ndarray],
@@ -67,28 +123,28 @@ def sample_tokens(
 
 
 def generate_events(
+    request: GenerationRequest,
     detok: Detokenizer,
-    prompt_ids: list[int],
     prefill: Callable[[], tuple[np.ndarray, int]],
     step: Callable[[int], np.ndarray],
-    budget: int,
-    params: SamplingParams,
+    window: int,
     stop_ids: frozenset[int],
-    logprobs: int | None = None,
-    constraint: Constraint | None = None,
-    capture: bool = False,
 ) -> Iterator[StepEvent]:
     """A whole generation over any model driver: `prefill()` feeds the prompt and gives the last
     position's logits and how many prompt tokens the cache already held (reused, not computed);
-    `step(token)` feeds one token. Token events, then a final one whose timings carry the counts
-    (prompt, cached and completion tokens) and the prefill and decode rates."""
+    `step(token)` feeds one token; the reply gets what `window` leaves (`request.budget`). Token
+    events, then a final one whose timings carry the counts (prompt, cached and completion tokens)
+    and the prefill and decode rates."""
+    prompt_ids = request.prompt_ids
     t0 = time.perf_counter()
     logits, cached = prefill()
     t_prefill = time.perf_counter() - t0
     t1 = time.perf_counter()
     first = True
+    r = request
+    budget = r.budget(window)
     for ev in sample_tokens(
-        logits, step, budget, params, stop_ids, detok.push, logprobs, constraint, capture
+        logits, step, budget, r.sampling, stop_ids, detok.push, r.logprobs, r.constraint, r.capture
     ):
         if ev.token_id is not None:
             if first:  # the prompt's counts now: a stop string may end the reply before the end event
@@ -138,3 +194,43 @@ def _top(lsm: np.ndarray, k: int) -> tuple[tuple[int, float], ...]:
     cand = np.argpartition(-lsm, k - 1)[:k]
     cand = cand[np.lexsort((cand, -lsm[cand]))]
     return tuple((int(t), float(lsm[t])) for t in cand)
+
+
+class Detokenizer:
+    """Incremental detokenization that never emits half a UTF-8 character: decoding token by
+    token breaks multi-byte characters and SentencePiece spacing, so the suffix since the last
+    emitted point is decoded whole, and only text that is final (not ending in U+FFFD, an
+    incomplete byte sequence later tokens will finish) goes out."""
+
+    def __init__(self, tokenizer: Tokenizer, prefix_ids: list[int] | None = None):
+        self.tok = tokenizer
+        # A little context before the new tokens keeps leading-space rules right.
+        self.ids: list[int] = list(prefix_ids[-4:]) if prefix_ids else []
+        self.start = len(self.ids)
+        self.emitted = self._decode(self.ids)
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tok.decode(ids, skip_special_tokens=False) if ids else ""
+
+    def push(self, token_id: int) -> str:
+        """Add one token; return the newly final text (maybe empty)."""
+        self.ids.append(token_id)
+        text = self._decode(self.ids)
+        if text.endswith("\ufffd"):
+            return ""
+        new = text[len(self.emitted) :] if text.startswith(self.emitted) else ""
+        self.emitted = text
+        self._compact()
+        return new
+
+    def flush(self) -> str:
+        text = self._decode(self.ids)
+        new = text[len(self.emitted) :] if text.startswith(self.emitted) else ""
+        self.emitted = text
+        return new
+
+    def _compact(self) -> None:
+        # Keep the window short so each push stays O(1) on long generations.
+        if len(self.ids) > 16:
+            self.ids = self.ids[-4:]
+            self.emitted = self._decode(self.ids)

@@ -1,7 +1,8 @@
 """A loaded bundle: weights mapped zero-copy, the compiled module, the tokenizer and the KV cache.
 
 model = Model.load("qwen.giw")
-for event in model.generate(model.encode("The capital of France is"), SamplingParams(temperature=0)):
+ids = model.encode("The capital of France is")
+for event in model.generate(GenerationRequest(ids, SamplingParams(temperature=0))):
     print(event.text, end="")
 """
 
@@ -20,14 +21,11 @@ from goinfer.artifacts import cache, giw
 from goinfer.artifacts.manifest import Manifest
 from tokenizers import Tokenizer
 
-from . import cuda, devices, gpu_selftest, selftest
+from . import cuda, devices, gpu_selftest, prompt, selftest
 from . import tvm_runtime as rt
-from .chat import render_chat
-from .decode import generate_events
-from .detokenizer import Detokenizer
-from .grammar import Constraint, GrammarTokenizer
-from .sampler import SamplingParams
-from .stream import StepEvent
+from .config import DEFAULT_PREFILL_CHUNK
+from .decode import Detokenizer, GenerationRequest, StepEvent, generate_events
+from .grammar import GrammarTokenizer
 
 __all__ = ["Model", "StepEvent"]
 
@@ -53,11 +51,6 @@ def tokenizer_json(bundle: giw.Bundle, m: Manifest) -> str:
             f"bundle {bundle.path}: tokenizer tensor {m.tokenizer_tensor!r} is not UTF-8 ({e})"
         ) from None
 
-
-# Prompt tokens a forward, wherever a prompt is fed (Model.prefill, the server's scheduler): a
-# reused prefix is exact only where it ends at a chunk boundary a cold run also has
-# (runtime/kv_pool.py), and one size everywhere makes the CLI's reply the server's.
-DEFAULT_PREFILL_CHUNK = 128
 
 # prefill_logits hands back at most this many bytes of logits a chunk: every position's logits of a
 # long prompt at once would be tokens x vocab floats (6 GB for 10k tokens of Qwen's 152k vocabulary).
@@ -88,6 +81,7 @@ class Model:
         self.prefill_chunk = manifest.kv_cache.prefill_chunk  # the most a forward may feed
         self.chunk = min(DEFAULT_PREFILL_CHUNK, self.prefill_chunk)  # what prompts are fed in
         self.load_seconds = load_seconds
+        self._token_chars: int | None = None  # the longest token's spelling, when first needed
         self.tier: str | None = None  # the CPU ISA tier the self-test chose (None on a GPU)
         self.self_test: selftest.SelfTestResult | None = None
         self._kv = None
@@ -157,20 +151,34 @@ class Model:
         return model
 
     # -- tokens --------------------------------------------------------------------------
-    def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
-        """Raw text -> ids, special-token strings recognised, BOS per the checkpoint's rule."""
-        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+    def encode(self, text: str, add_bos: bool | None = None, window: int | None = None) -> list[int]:
+        """Raw text -> ids, special-token strings recognised, BOS per the checkpoint's rule. With
+        `window`, a text that cannot fit it is refused early (prompt.PromptTooLong)."""
+        if window is None:
+            ids = prompt.encode(self.tokenizer, text)
+        else:
+            ids = prompt.encode_within(self.tokenizer, text, window, self.encoding_bound())
         bos = self.add_bos if add_bos is None else add_bos
         if bos and self.bos_id is not None and (not ids or ids[0] != self.bos_id):
             ids = [self.bos_id, *ids]
         return ids
 
+    def encoding_bound(self) -> int:
+        """The longest token's spelling, which bounds a text's token count from below."""
+        if self._token_chars is None:
+            self._token_chars = prompt.longest_token(self.tokenizer)
+        return self._token_chars
+
     def chat_prompt(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **extra: Any
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        window: int | None = None,
+        **extra: Any,
     ) -> list[int]:
         """Messages -> ids through the checkpoint's chat template; `extra` are template variables
-        (tools, enable_thinking)."""
-        text = render_chat(
+        (tools, enable_thinking); `window` as `encode`'s."""
+        text = prompt.render_chat(
             self.chat_template,
             messages,
             add_generation_prompt=add_generation_prompt,
@@ -178,7 +186,7 @@ class Model:
             eos_token=self.decode([min(self.stop_ids)]) if self.stop_ids else "",
             **extra,
         )
-        return self.encode(text)
+        return self.encode(text, window=window)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
@@ -285,28 +293,17 @@ class Model:
         return self._forward([token_id])[-1]
 
     # -- generation ----------------------------------------------------------------------
-    def generate(
-        self,
-        prompt_ids: list[int],
-        params: SamplingParams,
-        logprobs: int | None = None,
-        constraint: Constraint | None = None,
-        capture: bool = False,
-    ) -> Iterator[StepEvent]:
+    def generate(self, request: GenerationRequest) -> Iterator[StepEvent]:
         """Stream tokens on sequence 0; the final event carries finish_reason and timings (see
         `decode.generate_events`)."""
-        if not prompt_ids:
+        ids = list(request.prompt_ids)
+        if not ids:
             raise ValueError("empty prompt")
-        budget = min(params.max_tokens, self.context_length - len(prompt_ids))
         return generate_events(
-            Detokenizer(self.tokenizer, prompt_ids),
-            prompt_ids,
-            lambda: (self.prefill(prompt_ids), 0),
+            request,
+            Detokenizer(self.tokenizer, ids),
+            lambda: (self.prefill(ids), 0),
             self.decode_step,
-            budget,
-            params,
+            self.context_length,
             self.stop_ids,
-            logprobs,
-            constraint,
-            capture,
         )

@@ -30,7 +30,7 @@ class SamplingParams:
     seed: int | None = None  # None: a fresh random seed per Sampler
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
-    max_tokens: int = 256
+    max_tokens: int | None = 256  # None: the rest of the context window (GenerationRequest.budget)
 
     @property
     def filtered(self) -> bool:

@@ -38,14 +38,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .decode import generate_events
-from .detokenizer import Detokenizer
-from .grammar import Constraint
+from .config import SchedulerConfig
+from .decode import Detokenizer, GenerationRequest, StepEvent, generate_events
 from .kv_pool import KVPool, Seq
-from .model import DEFAULT_PREFILL_CHUNK
-from .sampler import SamplingParams
 from .session_files import SessionFiles
-from .stream import StepEvent
 
 log = logging.getLogger("goinfer.runtime")
 
@@ -61,18 +57,6 @@ class Cancelled(Exception):
 
 class KVCacheFull(Exception):
     """No pages for this prompt, and none will free up (nothing else is running)."""
-
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    max_concurrent: int = 4  # generations that run at once (more wait, first come first served)
-    kv_sessions: int = 16  # warm sequences kept for prefix reuse (0: none, no reuse)
-    prefill_chunk: int = DEFAULT_PREFILL_CHUNK  # prompt tokens a step; capped by the bundle's own
-    batch: str = "auto"  # "on" | "off" | "auto": batch concurrent decode steps into one forward
-    kv_tokens: int = 0  # the cache's capacity in tokens, all sequences together (0: the window)
-    context: int = 0  # caps the model's context window (0: the bundle's)
-    session_dir: str | None = None  # warm sessions persisted here and restored at start
-    prefix_reuse: str = "exact"  # "exact": whole cold chunks only (bit-exact) | "longest" (kv_pool.py)
 
 
 class _Job:
@@ -123,8 +107,10 @@ class Session:
 
 
 class Scheduler:
-    def __init__(self, model, config: SchedulerConfig = SchedulerConfig()):
+    def __init__(self, model, config: SchedulerConfig = SchedulerConfig()):  # noqa: B008 - frozen
         self.model, self.config = model, config
+        if config.context:  # a window smaller than the model's: every request is held to it
+            model.context_length = min(model.context_length, config.context)
         self.chunk = max(1, min(config.prefill_chunk, model.prefill_chunk))
         self.capacity = config.kv_tokens or model.context_length
         kv = model.create_cache(max(1, config.max_concurrent), self.capacity)
@@ -178,35 +164,25 @@ class Scheduler:
 
     # -- the generation side (any thread) --------------------------------------------------
     def generate(
-        self,
-        prompt_ids: list[int],
-        params: SamplingParams,
-        logprobs: int | None = None,
-        constraint: Constraint | None = None,
-        capture: bool = False,
-        cancel: threading.Event | None = None,
+        self, request: GenerationRequest, cancel: threading.Event | None = None
     ) -> Iterator[StepEvent]:
         """As `Model.generate`, on a sequence of the shared cache; `cancel` set stops it at the
         next step (mid-prompt: between chunks) and frees its sequence."""
         m = self.model
-        if not prompt_ids:
+        ids = list(request.prompt_ids)
+        if not ids:
             raise ValueError("empty prompt")
-        if len(prompt_ids) >= m.context_length:
-            raise ValueError(f"prompt has {len(prompt_ids)} tokens; the context window is {m.context_length}")
-        session = Session(self, list(prompt_ids), cancel or threading.Event())
-        budget = min(params.max_tokens, m.context_length - len(prompt_ids))
+        if len(ids) >= m.context_length:
+            raise ValueError(f"prompt has {len(ids)} tokens; the context window is {m.context_length}")
+        session = Session(self, ids, cancel or threading.Event())
         try:
             yield from generate_events(
-                Detokenizer(m.tokenizer, prompt_ids),
-                prompt_ids,
+                request,
+                Detokenizer(m.tokenizer, ids),
                 session.prefill,
                 session.decode,
-                budget,
-                params,
+                m.context_length,
                 m.stop_ids,
-                logprobs,
-                constraint,
-                capture,
             )
         finally:
             session.close()

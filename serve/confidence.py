@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from goinfer.runtime.stream import StepChoice, StepEvent
+from goinfer.runtime.decode import StepChoice, StepEvent
 
 from .deltas import Delta
 

@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from goinfer.runtime.stream import StepEvent
+from goinfer.runtime.decode import StepEvent
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from goinfer.runtime.grammar import Constraint, GrammarTokenizer
-from goinfer.runtime.sampler import SamplingParams
-from goinfer.runtime.stream import StepEvent
+from goinfer.runtime.decode import GenerationRequest, StepEvent
+from goinfer.runtime.grammar import GrammarTokenizer
 
 
 @dataclass(frozen=True)
@@ -38,28 +37,23 @@ class Engine(Protocol):
 
     def chat_ids(self, messages: list[dict[str, Any]], **template_vars: Any) -> list[int]:
         """Messages -> prompt ids through the model's own chat template, generation prompt added;
-        `template_vars` are extra template variables (tools, enable_thinking)."""
+        `template_vars` are extra template variables (tools, enable_thinking). A prompt that
+        cannot fit the context window may be refused before it is tokenized in full
+        (runtime.prompt.PromptTooLong)."""
         ...
 
     def text_ids(self, text: str) -> list[int]:
-        """Raw text -> prompt ids (BOS per the checkpoint's rule)."""
+        """Raw text -> prompt ids (BOS per the checkpoint's rule); refused as `chat_ids`."""
         ...
 
     def token_text(self, token_id: int) -> str: ...
 
     def generate(
-        self,
-        prompt_ids: list[int],
-        params: SamplingParams,
-        logprobs: int | None,
-        constraint: Constraint | None = None,
-        capture: bool = False,
-        cancel: threading.Event | None = None,
+        self, request: GenerationRequest, cancel: threading.Event | None = None
     ) -> Iterator[StepEvent]:
         """Token events as runtime.model.Model.generate yields them (the final one has finish_reason
-        and timings, cached_tokens among them); `logprobs` None: no log-probabilities, k: each
-        token's and its k top alternatives; `constraint` masks every step; `capture` records masked
-        steps' choices; `cancel` set stops the run at its next step (runtime.scheduler.Cancelled)."""
+        and timings, cached_tokens among them); `cancel` set stops the run at its next step
+        (runtime.scheduler.Cancelled)."""
         ...
 
     def stats(self) -> dict[str, int]:

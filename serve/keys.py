@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from .config import BodyCaps, ServeConfig
 from .engine import Engine
 from .registry import Registry
+
+if TYPE_CHECKING:
+    from .responses import ResponseStore
 
 # (name, path, quant or None) -> a loaded engine. Blocking; given by the composition root (cli),
 # since turning a .gguf into a bundle needs the compiler, which serve never imports.
@@ -17,6 +21,8 @@ Loader = Callable[[str, str, "str | None"], Engine]
 CONFIG = web.AppKey("config", ServeConfig)
 CAPS = web.AppKey("caps", BodyCaps)
 REGISTRY = web.AppKey("registry", Registry)
-LOADER = web.AppKey("loader", object)  # a Loader, or None when admin loading is not offered
+# None when admin loading is not offered. (The key's type lives in its annotation: a Callable is
+# no runtime class to hand AppKey.)
+LOADER: web.AppKey[Loader | None] = web.AppKey("loader")
 STARTED = web.AppKey("started", int)  # unix time the app was made: /v1/models' `created`
-RESPONSES = web.AppKey("responses", object)  # a responses.ResponseStore: stored /v1/responses
+RESPONSES: web.AppKey[ResponseStore] = web.AppKey("responses")  # stored /v1/responses

@@ -29,12 +29,11 @@ from aiohttp import web
 from pydantic import Field
 
 from . import pipeline
-from .chunks import Chunk, NamedEvents
-from .content import refused, text_of
 from .deltas import Delta
 from .errors import APIError, bad_request
-from .job import Job, Sampling
+from .events import Chunk, NamedEvents
 from .middleware import guards, text_body
+from .pipeline import Job, Sampling, refused, text_of
 from .schemas import Body, read_request
 
 PREFIX = "/v1/messages"
@@ -208,13 +207,15 @@ def job(req: MessagesRequest, beta: str = "", need_max_tokens: bool = True) -> J
     return Job(
         model=req.model,
         sampling=sampling,
-        reply=lambda plan: MessageEvents(plan.model, len(plan.prompt_ids)),
+        reply=lambda r: MessageEvents(r.model, r.prompt_tokens),
         messages=chat_messages(req, SYSTEM_TURNS_BETA in beta),
         stream=req.stream,
         tools=tools,
         tool_choice=choice,
         parallel_tool_calls=parallel,
         response_format=response_format(fmt),
+        schema_param="output_format.schema" if fmt is req.output_format else "output_config.format.schema",
+        tool_schema_param="tools.{i}.input_schema",
     )
 
 
@@ -246,8 +247,8 @@ async def create(request: web.Request) -> web.StreamResponse:
 async def count_tokens(request: web.Request) -> web.Response:
     req = await read_request(request, MessagesRequest)
     beta = request.headers.get("anthropic-beta", "")
-    prompt = await pipeline.prepare(request, job(req, beta, need_max_tokens=False))
-    return web.json_response({"input_tokens": len(prompt.ids)})
+    _slot, _rules, ids = await pipeline.prepare(request, job(req, beta, need_max_tokens=False))
+    return web.json_response({"input_tokens": len(ids)})
 
 
 # -- the stream ------------------------------------------------------------------------------------

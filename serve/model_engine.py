@@ -8,11 +8,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from goinfer.runtime.grammar import Constraint, GrammarTokenizer
+from goinfer.runtime.decode import GenerationRequest, StepEvent
+from goinfer.runtime.grammar import GrammarTokenizer
 from goinfer.runtime.model import Model
-from goinfer.runtime.sampler import SamplingParams
 from goinfer.runtime.scheduler import Scheduler, SchedulerConfig
-from goinfer.runtime.stream import StepEvent
 
 from .engine import ModelInfo
 
@@ -20,10 +19,8 @@ from .engine import ModelInfo
 class ModelEngine:
     def __init__(self, model: Model, path: str | Path, config: SchedulerConfig | None = None):
         config = config or SchedulerConfig()
-        if config.context:
-            model.context_length = min(model.context_length, config.context)
         self.model: Model | None = model
-        self.scheduler: Scheduler | None = Scheduler(model, config)
+        self.scheduler: Scheduler | None = Scheduler(model, config)  # it applies --ctx to the model
         s = self.scheduler
         m = model.manifest
         quant = m.quant
@@ -50,6 +47,8 @@ class ModelEngine:
         )
         # llguidance's tokenizer view takes ~1.7 s for a 152k vocabulary: built now, off the request path.
         self.grammar: GrammarTokenizer | None = model.grammar.start()
+        # So is the bound a long prompt is first checked against (~80 ms, GIL held, for 152k tokens).
+        threading.Thread(target=model.encoding_bound, name="encoding-bound", daemon=True).start()
 
     @classmethod
     def load(
@@ -67,26 +66,21 @@ class ModelEngine:
         return self.model
 
     def chat_ids(self, messages: list[dict[str, Any]], **template_vars: Any) -> list[int]:
-        return self._model().chat_prompt(messages, add_generation_prompt=True, **template_vars)
+        window = self.info.context_window
+        return self._model().chat_prompt(messages, add_generation_prompt=True, window=window, **template_vars)
 
     def text_ids(self, text: str) -> list[int]:
-        return self._model().encode(text)
+        return self._model().encode(text, window=self.info.context_window)
 
     def token_text(self, token_id: int) -> str:
         return self._model().decode([token_id])
 
     def generate(
-        self,
-        prompt_ids: list[int],
-        params: SamplingParams,
-        logprobs: int | None,
-        constraint: Constraint | None = None,
-        capture: bool = False,
-        cancel: threading.Event | None = None,
+        self, request: GenerationRequest, cancel: threading.Event | None = None
     ) -> Iterator[StepEvent]:
         if self.scheduler is None:
             raise RuntimeError("model was unloaded")
-        return self.scheduler.generate(prompt_ids, params, logprobs, constraint, capture, cancel)
+        return self.scheduler.generate(request, cancel)
 
     def stats(self) -> dict[str, int]:
         return self.scheduler.stats() if self.scheduler is not None else {}

@@ -1,11 +1,13 @@
-"""One request pipeline for every API: a Job (job.py) in, SSE or a folded JSON reply out.
+"""One request, every API: a Job in, SSE or one folded JSON reply out.
 
-    route -> rules -> messages -> prompt ids -> constraint -> plan -> run -> events
+    Job -> rules -> prompt ids -> constraint -> plan -> run
 
-Every check comes before the job is queued, so a bad request is an error response and never half a
-stream. The run crosses into the runtime once: prompt ids, sampling and the constraint go to
-`Engine.generate`, token events come back, and the reply (stop strings, logprobs, tool calls,
-confidence) is built here in serve/, on the model's worker thread.
+Each API's route parses its body into a Job (how the request is spelled) with a `reply` that
+makes its event builder (how the answer is shaped, events.py); everything between is here, read
+top to bottom. Every check comes before the run is queued, so a bad request is an error response
+and never half a stream. The run crosses into the runtime once: a GenerationRequest to
+`Engine.generate`; token events come back and become the reply (stop strings, logprobs, tool calls,
+confidence) on the model's worker thread.
 """
 
 from __future__ import annotations
@@ -15,76 +17,338 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 from aiohttp import web
-from goinfer.runtime.grammar import Constraint
+from goinfer.runtime import grammar as g
+from goinfer.runtime.decode import GenerationRequest, StepEvent
+from goinfer.runtime.prompt import PromptTooLong
 from goinfer.runtime.sampler import SamplingParams
-from goinfer.runtime.stream import StepEvent
 
 from .confidence import recorded, with_confidence
 from .config import SamplingDefaults
 from .deltas import Delta, text_deltas
 from .engine import Engine
-from .errors import APIError, bad_request
-from .job import Job
+from .errors import APIError, bad_request, unsupported
+from .events import EventBuilder, respond
 from .keys import CONFIG, REGISTRY
 from .registry import ModelSlot
-from .respond import respond
-from .rules import Rules, rules_for
-from .tools import prepare_messages
+from .tools import ToolPlan, plan_tools, prepare_messages
 from .tools.stream import ToolDeltas
 
 log = logging.getLogger("goinfer.serve")
 
 
+# -- 1. the Job: one request, whichever API spelled it ------------------------------------------
 @dataclass(frozen=True)
-class Prompt:
-    """A job made concrete for one model: its slot, rules, prompt ids and compiled constraint."""
+class Sampling:
+    """Every API's sampling knobs in one shape (None: the default)."""
 
-    slot: ModelSlot
-    rules: Rules
-    ids: list[int]
-    constraint: Constraint | None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    max_tokens: int | None = None
+    default_max_tokens: int | None = None  # None: the rest of the context window
+    stops: tuple[str, ...] = ()
+    logprobs: bool = False
+    top_logprobs: int = 0
 
 
 @dataclass(frozen=True)
-class Plan:
-    """What the model's worker runs: checked against the context window, defaults filled in."""
+class Reply:
+    """What an API's event builder needs to know of the run it shapes."""
 
     model: str
-    prompt_ids: list[int]
-    params: SamplingParams
+    prompt_tokens: int
+    logprobs: bool
+    tools: ToolPlan | None
+    params: SamplingParams  # the sampling the run got, defaults filled in (Responses echoes it)
+
+
+@dataclass(frozen=True)
+class Job:
+    """The prompt is `messages` (the chat APIs: OpenAI-shaped dicts, content already plain text) or
+    `prompt` (/v1/completions: raw text or token ids). `reply` makes the API's event builder."""
+
+    model: str | None
+    sampling: Sampling
+    reply: Callable[[Reply], EventBuilder]
+    messages: list[dict[str, Any]] | None = None
+    prompt: str | tuple[int, ...] | None = None
+    prompt_field: str = "messages"  # the request field the prompt came from, for errors
+    stream: bool = False
+    response_format: dict[str, Any] | None = None  # OpenAI's chat form, whatever the API spelled
+    confidence: bool = False  # goinfer_confidence
+    tools: list[dict[str, Any]] | None = None  # OpenAI's chat form, whatever the API spelled
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    # Where the API's request spelled the schemas, for errors that name them.
+    schema_param: str = "response_format.json_schema.schema"
+    tool_schema_param: str = "tools.{i}.function.parameters"
+
+
+# -- message content, the same way for every API ------------------------------------------------
+TEXT = frozenset({"text"})  # chat completions and Anthropic
+RESPONSES_TEXT = frozenset({"text", "input_text", "output_text"})
+
+
+def text_of(content: Any, where: str, kinds: frozenset[str] = TEXT) -> str:
+    """`content` (a string, None, or a list of parts with `type` and `text`) as one string: its
+    text parts joined by newlines. No model here reads images yet."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    if not isinstance(content, list):
+        raise bad_request(f"{where} must be a string or a list of content parts", param=where)
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        text = part.get("text") if isinstance(part, dict) else None
+        if kind not in kinds or not isinstance(text, str):
+            raise refused(f"{where}.{j}", kind)
+        texts.append(text)
+    return "\n".join(texts)
+
+
+def refused(at: str, kind: Any, why: str = "only text parts are accepted") -> APIError:
+    """The 400 for a part (or block) of a kind that cannot be read here."""
+    what = f"{at}: unsupported content part type {kind!r}"
+    if isinstance(kind, str) and "image" in kind:
+        return bad_request(f"{what}: image content needs a vision model (vision: false here)", f"{at}.type")
+    return bad_request(f"{what}; {why}", param=f"{at}.type")
+
+
+# -- 2. rules: response_format, tools and confidence, checked, nothing compiled ----------------
+@dataclass(frozen=True)
+class Structured:
+    grammar: str  # validated, not compiled with the tokenizer yet
+    schema: dict[str, Any] | None  # None for json_object
+
+
+@dataclass(frozen=True)
+class Rules:
+    """A response format's grammar or tools (not both), and, when per-field confidence is asked
+    for, the schema it reads field kinds from."""
+
+    structured: Structured | None = None
+    tools: ToolPlan | None = None
+    confidence: dict[str, Any] | None = None
+    schema_param: str = ""
+
+    def template_vars(self) -> dict[str, Any]:
+        out = self.tools.template_vars() if self.tools else {}
+        if self.structured is not None or (self.tools is not None and self.tools.forced):
+            out["enable_thinking"] = False  # constrained from token 1: no open <think> block
+        return out
+
+    @property
+    def constrained(self) -> bool:
+        return self.structured is not None or self.tools is not None
+
+
+def rules_for(engine: Engine, job: Job) -> Rules:
+    """The job's constraints, checked against what the model can do.
+
+    `{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}` constrains the reply to
+    the schema: with `strict: true` every keyword must be enforceable (a 400 names one that is
+    not); without it the schema compiles leniently, as tools' do (runtime/grammar.py
+    `LENIENT_OPTIONS`). `{"type": "json_object"}` constrains the reply to any JSON object."""
+    tools = plan_tools(
+        job.tools, job.tool_choice, job.parallel_tool_calls, engine.info.chat_template, job.tool_schema_param
+    )
+    fmt = response_format(job.response_format, job.schema_param)
+    schema = confidence_schema(job.confidence, fmt, bool(job.tools))
+    if tools is not None and fmt is not None:
+        raise unsupported(
+            "tools with a JSON response_format in one request is not supported", "response_format"
+        )
+    if (tools is not None or fmt is not None) and engine.grammar is None:
+        what = "tools" if tools is not None else "response_format"
+        raise unsupported(f"{what}: this model cannot run grammar-constrained decoding", what)
+    return Rules(fmt, tools, schema, job.schema_param)
+
+
+def response_format(rf: dict[str, Any] | None, where: str) -> Structured | None:
+    if rf is None:
+        return None
+    kind = rf.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return Structured(g.json_schema_grammar({"type": "object"}), None)
+    if kind != "json_schema":
+        raise bad_request(
+            f"response_format.type {kind!r} is not one of 'text', 'json_object', 'json_schema'",
+            param="response_format.type",
+        )
+    spec = rf.get("json_schema")
+    if not isinstance(spec, dict):
+        where = "response_format.json_schema"
+        raise bad_request(f"{where} must be an object", param=where)
+    schema = spec.get("schema", {})
+    if not isinstance(schema, dict):
+        raise bad_request(f"{where} must be a JSON schema object", param=where)
+    try:
+        return Structured(g.compile_json_schema(schema, lenient=spec.get("strict") is not True), schema)
+    except g.GrammarError as e:
+        raise schema_error(where, e) from None
+
+
+def schema_error(where: str, e: Exception) -> APIError:
+    return bad_request(f"{where} is not a usable JSON schema: {e}", param=where, code="invalid_schema")
+
+
+def confidence_schema(asked: bool, fmt: Structured | None, with_tools: bool) -> dict[str, Any] | None:
+    """The schema goinfer_confidence reads field kinds from; None when it was not asked for."""
+    if not asked:
+        return None
+    if fmt is None or fmt.schema is None:
+        raise bad_request(
+            'goinfer_confidence needs response_format {"type": "json_schema", ...}: the schema says each '
+            "field's kind",
+            param="goinfer_confidence",
+        )
+    if with_tools:
+        raise bad_request("goinfer_confidence cannot be combined with tools", param="goinfer_confidence")
+    return fmt.schema
+
+
+# -- 3. prompt ids ---------------------------------------------------------------------------------
+async def prompt_ids(slot: ModelSlot, job: Job, rules: Rules) -> list[int]:
+    """The prompt's ids, tokenized off the event loop; a prompt that cannot fit the window is
+    refused before it is tokenized in full (runtime/encoding.py)."""
+    engine = slot.engine
+    if job.messages is not None:
+        messages = prepare_messages(job.messages, rules.tools, engine.info.chat_template)
+        return await _tokenized(slot, job, partial(engine.chat_ids, messages, **rules.template_vars()))
+    if isinstance(job.prompt, str):
+        return await _tokenized(slot, job, partial(engine.text_ids, job.prompt))
+    ids = list(job.prompt or ())
+    vocab = engine.info.vocab_size
+    if vocab and max(ids) >= vocab:
+        raise bad_request(f"prompt: token id {max(ids)} is outside the vocabulary (size {vocab})", "prompt")
+    return ids
+
+
+async def _tokenized(slot: ModelSlot, job: Job, fn: Callable[[], list[int]]) -> list[int]:
+    try:
+        return await asyncio.to_thread(fn)
+    except PromptTooLong as e:
+        raise too_long(job, slot, f"at least {e.tokens}") from None
+    except ValueError as e:  # the chat template refused these messages (e.g. roles must alternate)
+        raise APIError(
+            422, f"model {slot.name!r}: {e}", param="messages", code="chat_template_error"
+        ) from None
+
+
+def too_long(job: Job, slot: ModelSlot, tokens: str) -> APIError:
+    window = slot.engine.info.context_window
+    return bad_request(
+        f"the prompt is {tokens} tokens, over the context window of {window} tokens for model "
+        f"{slot.name!r} (prompt and completion must fit in {window})",
+        param=job.prompt_field,
+        code="context_length_exceeded",
+    )
+
+
+# -- 4. the constraint: the one grammar a request needs, compiled once -------------------------
+def constraint(rules: Rules, engine: Engine) -> g.Constraint | None:
+    """The grammar mask, compiled with the model's tokenizer and its first step tried, so a
+    grammar that cannot run is a 400 before any token. Blocking: run it off the event loop."""
+    tok = engine.grammar
+    if not rules.constrained or tok is None:  # (an engine without grammar was refused in `rules_for`)
+        return None
+    what = "tools" if rules.tools is not None else "response_format"
+    try:
+        tok.get()
+    except g.GrammarError as e:  # this tokenizer cannot drive llguidance
+        raise unsupported(f"{what}: {e}", what) from None
+    if rules.tools is not None:
+        return rules.tools.constraint(tok)
+    assert rules.structured is not None
+    try:
+        return tok.constraint(rules.structured.grammar)
+    except g.GrammarError as e:
+        raise schema_error(rules.schema_param, e) from None
+
+
+# -- 5. the plan: checked against the window, defaults filled in ------------------------------------
+@dataclass(frozen=True)
+class Plan:
+    """What the model's worker runs."""
+
+    model: str
+    request: GenerationRequest
     stops: tuple[str, ...]
     logprobs: bool
-    top_logprobs: int
-    rules: Rules = field(default_factory=Rules)
-    constraint: Constraint | None = None  # stateful: one plan, one run
+    rules: Rules
+
+    def reply(self) -> Reply:
+        r = self.request
+        return Reply(self.model, len(r.prompt_ids), self.logprobs, self.rules.tools, r.sampling)
 
     def deltas(self, engine: Engine, cancel: threading.Event | None = None) -> Iterator[Delta]:
         """The one generation path: the engine's token events folded into client deltas."""
         confidence = self.rules.confidence
-        events: Iterator[StepEvent] = engine.generate(
-            self.prompt_ids,
-            self.params,
-            self.top_logprobs if self.logprobs else None,
-            constraint=self.constraint,
-            capture=confidence is not None,
-            cancel=cancel,
-        )
-        events = logged(events, self.model)
+        events = logged(engine.generate(self.request, cancel), self.model)
         steps: list[StepEvent] = []
         if confidence is not None:
             events = recorded(events, steps)
         tools = self.rules.tools
         end_at = tools.reply_end if tools is not None else None
-        out = text_deltas(events, len(self.prompt_ids), self.stops, engine.token_text, self.logprobs, end_at)
+        n = len(self.request.prompt_ids)
+        out = text_deltas(events, n, self.stops, engine.token_text, self.logprobs, end_at)
         if tools is not None:
             out = ToolDeltas(tools.fmt, tools.names)(out)
         if confidence is not None:
             out = with_confidence(out, steps, confidence, engine.token_text)
         return out
+
+
+def make_plan(
+    job: Job, slot: ModelSlot, rules: Rules, ids: list[int], mask: g.Constraint | None, d: SamplingDefaults
+) -> Plan:
+    """Refuse a prompt the window cannot hold; the reply's budget is the runtime's to clamp."""
+    s = job.sampling
+    if len(ids) >= slot.engine.info.context_window:
+        raise too_long(job, slot, str(len(ids)))
+    params = SamplingParams(
+        temperature=d.temperature if s.temperature is None else s.temperature,
+        top_k=d.top_k if s.top_k is None else s.top_k,
+        top_p=d.top_p if s.top_p is None else s.top_p,
+        min_p=d.min_p if s.min_p is None else s.min_p,
+        seed=s.seed,
+        frequency_penalty=s.frequency_penalty or 0.0,
+        presence_penalty=s.presence_penalty or 0.0,
+        max_tokens=s.max_tokens if s.max_tokens is not None else s.default_max_tokens,
+    )
+    capture = rules.confidence is not None
+    request = GenerationRequest(ids, params, s.top_logprobs if s.logprobs else None, mask, capture)
+    return Plan(slot.name, request, s.stops, s.logprobs, rules)
+
+
+# -- 6. the run ----------------------------------------------------------------------------------
+async def prepare(request: web.Request, job: Job) -> tuple[ModelSlot, Rules, list[int]]:
+    """Route, rules and prompt ids: all a count of tokens needs."""
+    slot = request.config_dict[REGISTRY].route(job.model)
+    rules = rules_for(slot.engine, job)
+    return slot, rules, await prompt_ids(slot, job, rules)
+
+
+async def run(request: web.Request, job: Job) -> web.StreamResponse:
+    """The whole pipeline: queue the plan on the model's worker; its events as SSE, or their fold."""
+    slot, rules, ids = await prepare(request, job)
+    mask = await asyncio.to_thread(constraint, rules, slot.engine) if rules.constrained else None
+    cfg = request.config_dict[CONFIG]
+    plan = make_plan(job, slot, rules, ids, mask, cfg.sampling)
+    work = slot.submit(partial(plan.deltas, slot.engine), cfg.poll_s, cfg.retry_after_s)
+    builder = job.reply(plan.reply())
+    return await respond(request, work, builder, stream=job.stream, keepalive_s=cfg.keepalive_s)
 
 
 def logged(events: Iterator[StepEvent], model: str) -> Iterator[StepEvent]:
@@ -112,74 +376,3 @@ def logged(events: Iterator[StepEvent], model: str) -> Iterator[StepEvent]:
             model, counts.get("prompt_tokens", "?"), counts.get("cached_tokens", "?"), first - start, n, rate,
             finish,
         )  # fmt: skip
-
-
-async def run(request: web.Request, job: Job) -> web.StreamResponse:
-    """The whole pipeline: queue the plan on the model's worker; its events as SSE, or their fold."""
-    prompt = await prepare(request, job)
-    cfg = request.config_dict[CONFIG]
-    plan = make_plan(job, prompt, cfg.sampling)
-    work = prompt.slot.submit(partial(plan.deltas, prompt.slot.engine), cfg.poll_s, cfg.retry_after_s)
-    return await respond(request, work, job.reply(plan), stream=job.stream, keepalive_s=cfg.keepalive_s)
-
-
-async def prepare(request: web.Request, job: Job) -> Prompt:
-    """Route, rules, messages, prompt ids and the compiled constraint (all a count of tokens needs)."""
-    slot = request.config_dict[REGISTRY].route(job.model)
-    engine = slot.engine
-    rules = rules_for(engine, job)
-    ids = await prompt_ids(slot, job, rules)
-    constraint = await asyncio.to_thread(rules.constraint, engine) if rules.constrained else None
-    return Prompt(slot, rules, ids, constraint)
-
-
-async def prompt_ids(slot: ModelSlot, job: Job, rules: Rules) -> list[int]:
-    engine = slot.engine
-    if job.messages is not None:
-        messages = prepare_messages(job.messages, rules.tools, engine.info.chat_template)
-        return await _tokenized(slot, partial(engine.chat_ids, messages, **rules.template_vars()))
-    if isinstance(job.prompt, str):
-        return await _tokenized(slot, partial(engine.text_ids, job.prompt))
-    ids = list(job.prompt or ())
-    vocab = engine.info.vocab_size
-    if vocab and max(ids) >= vocab:
-        raise bad_request(f"prompt: token id {max(ids)} is outside the vocabulary (size {vocab})", "prompt")
-    return ids
-
-
-async def _tokenized(slot: ModelSlot, fn: Callable[[], list[int]]) -> list[int]:
-    try:
-        return await asyncio.to_thread(fn)  # tokenizer work stays off the event loop
-    except ValueError as e:  # the chat template refused these messages (e.g. roles must alternate)
-        raise APIError(
-            422, f"model {slot.name!r}: {e}", param="messages", code="chat_template_error"
-        ) from None
-
-
-def make_plan(job: Job, prompt: Prompt, defaults: SamplingDefaults) -> Plan:
-    """Check the prompt against the window, clamp the budget to it; fill the defaults."""
-    s, name, n = job.sampling, prompt.slot.name, len(prompt.ids)
-    window = prompt.slot.engine.info.context_window
-    if n >= window:
-        raise bad_request(
-            f"the prompt is {n} tokens, over the context window of {window} tokens for model "
-            f"{name!r} (prompt and completion must fit in {window})",
-            param=job.prompt_field,
-            code="context_length_exceeded",
-        )
-    # A budget past what the window leaves is clamped, as llama.cpp does: the reply ends with
-    # finish_reason "length" at the window (agents ask for 32000 whatever the model).
-    room = window - n
-    default = room if s.default_max_tokens is None else min(s.default_max_tokens, room)
-    params = SamplingParams(
-        temperature=defaults.temperature if s.temperature is None else s.temperature,
-        top_k=defaults.top_k if s.top_k is None else s.top_k,
-        top_p=defaults.top_p if s.top_p is None else s.top_p,
-        min_p=defaults.min_p if s.min_p is None else s.min_p,
-        seed=s.seed,
-        frequency_penalty=s.frequency_penalty or 0.0,
-        presence_penalty=s.presence_penalty or 0.0,
-        max_tokens=min(s.max_tokens, room) if s.max_tokens is not None else default,
-    )
-    rules, constraint = prompt.rules, prompt.constraint
-    return Plan(name, prompt.ids, params, s.stops, s.logprobs, s.top_logprobs, rules, constraint)

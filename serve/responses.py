@@ -22,13 +22,12 @@ from aiohttp import web
 from pydantic import Field
 
 from . import pipeline
-from .chunks import Chunk, NamedEvents
-from .content import RESPONSES_TEXT, text_of
 from .deltas import Delta
 from .errors import APIError, bad_request, openai_envelope, unsupported
-from .job import Job, Sampling
+from .events import Chunk, NamedEvents
 from .keys import RESPONSES
 from .middleware import text_body
+from .pipeline import RESPONSES_TEXT, Job, Reply, Sampling, text_of
 from .schemas import Body, read_request
 
 routes = web.RouteTableDef()
@@ -132,6 +131,8 @@ def chat_tools(req: ResponsesRequest) -> tuple[list[dict[str, Any]] | None, Any]
 def chat_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
     """text.format -> the chat route's response_format."""
     fmt = (text or {}).get("format")
+    if fmt is not None and not isinstance(fmt, dict):
+        raise bad_request("text.format must be an object", param="text.format")
     if not fmt or fmt.get("type") in (None, "text"):
         return None
     if fmt.get("type") == "json_schema":
@@ -171,8 +172,8 @@ def job(req: ResponsesRequest, store: ResponseStore) -> Job:
         if req.store:
             store.put(Stored(response, conversation + reply))
 
-    def reply(plan: pipeline.Plan) -> ResponseEvents:
-        tool_plan = plan.rules.tools
+    def reply(r: Reply) -> ResponseEvents:
+        tool_plan = r.tools
         echo = {
             "instructions": req.instructions,
             "max_output_tokens": req.max_output_tokens,
@@ -180,13 +181,13 @@ def job(req: ResponsesRequest, store: ResponseStore) -> Job:
             "parallel_tool_calls": tool_plan.parallel if tool_plan else bool(req.parallel_tool_calls),
             "previous_response_id": req.previous_response_id,
             "store": req.store,
-            "temperature": plan.params.temperature,
-            "top_p": plan.params.top_p,
+            "temperature": r.params.temperature,
+            "top_p": r.params.top_p,
             "tool_choice": req.tool_choice or "auto",
             "tools": req.tools or [],
             "text": req.text or {"format": {"type": "text"}},
         }
-        return ResponseEvents(plan.model, len(plan.prompt_ids), echo, keep)
+        return ResponseEvents(r.model, r.prompt_tokens, echo, keep)
 
     sampling = Sampling(
         temperature=req.temperature, top_p=req.top_p, seed=req.seed, max_tokens=req.max_output_tokens
@@ -199,6 +200,8 @@ def job(req: ResponsesRequest, store: ResponseStore) -> Job:
         prompt_field="input",
         stream=req.stream,
         response_format=chat_format(req.text),
+        schema_param="text.format.schema",
+        tool_schema_param="tools.{i}.parameters",
         tools=tools,
         tool_choice=choice,
         parallel_tool_calls=req.parallel_tool_calls,

@@ -11,12 +11,11 @@ from typing import Any
 from aiohttp import web
 
 from . import pipeline
-from .chunks import ChatChunks, CompletionChunks
-from .content import text_of
 from .errors import bad_request, unsupported
-from .job import Job, Sampling
+from .events import ChatChunks, CompletionChunks
 from .keys import REGISTRY, STARTED
 from .middleware import text_body
+from .pipeline import Job, Sampling, text_of
 from .registry import ModelSlot
 from .schemas import ChatMessage, ChatRequest, CompletionRequest, SamplingRequest, read_request
 
@@ -42,7 +41,7 @@ def chat_job(req: ChatRequest) -> Job:
     return Job(
         model=req.model,
         sampling=openai_sampling(req),
-        reply=lambda plan: ChatChunks(plan.model, usage, plan.logprobs),
+        reply=lambda r: ChatChunks(r.model, usage, r.logprobs),
         messages=chat_messages(list(req.messages)),
         stream=req.stream,
         response_format=req.response_format,
@@ -60,7 +59,7 @@ def completion_job(req: CompletionRequest) -> Job:
     return Job(
         model=req.model,
         sampling=openai_sampling(req),
-        reply=lambda plan: CompletionChunks(plan.model, usage, plan.logprobs),
+        reply=lambda r: CompletionChunks(r.model, usage, r.logprobs),
         prompt=prompt if isinstance(prompt, str) else tuple(prompt),
         prompt_field="prompt",
         stream=req.stream,

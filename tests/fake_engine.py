@@ -15,8 +15,9 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
+from goinfer.runtime import prompt
+from goinfer.runtime.decode import GenerationRequest, StepEvent
 from goinfer.runtime.sampler import Sampler, SamplingParams
-from goinfer.runtime.stream import StepEvent
 from goinfer.serve.engine import ModelInfo
 
 PIECES = ("Hel", "lo", " wor", "ld", "!")
@@ -41,6 +42,7 @@ class _Base:
         )
         self.messages: list[dict[str, Any]] | None = None
         self.params: list[SamplingParams] = []
+        self.requests: list[GenerationRequest] = []
         self.prompts: list[list[int]] = []  # in the order generations started
         self.started = threading.Event()  # a generation reached the engine
         self.finished = threading.Event()  # a generation's iterator was closed or ran out
@@ -85,15 +87,11 @@ class ScriptedEngine(_Base):
         return -0.25 * (i + 1)
 
     def generate(
-        self,
-        prompt_ids: list[int],
-        params: SamplingParams,
-        logprobs: int | None,
-        constraint: Any = None,
-        capture: bool = False,
-        cancel: threading.Event | None = None,
+        self, request: GenerationRequest, cancel: threading.Event | None = None
     ) -> Iterator[StepEvent]:
-        assert constraint is None, "ScriptedEngine has no grammar: the server must not constrain it"
+        assert request.constraint is None, "ScriptedEngine has no grammar: the server must not constrain it"
+        prompt_ids, params, logprobs = list(request.prompt_ids), request.sampling, request.logprobs
+        self.requests.append(request)
         self.params.append(params)
         self.prompts.append(list(prompt_ids))
         self.started.set()
@@ -102,7 +100,7 @@ class ScriptedEngine(_Base):
                 self.gate.wait(timeout=30)  # a long prefill, until the test lets it finish
             if self.fail:
                 raise RuntimeError("kernel exploded at /secret/path.py line 3")
-            budget = min(params.max_tokens, self.info.context_window - len(prompt_ids))
+            budget = request.budget(self.info.context_window)
             for i, piece in enumerate(self.pieces):
                 if i >= budget:
                     yield StepEvent(None, "", None, "length")
@@ -134,17 +132,11 @@ class SampledEngine(_Base):
         return self.WORDS[token_id]
 
     def generate(
-        self,
-        prompt_ids: list[int],
-        params: SamplingParams,
-        logprobs: int | None,
-        constraint: Any = None,
-        capture: bool = False,
-        cancel: threading.Event | None = None,
+        self, request: GenerationRequest, cancel: threading.Event | None = None
     ) -> Iterator[StepEvent]:
-        assert constraint is None
-        sampler = Sampler(params)
-        for step in range(min(self.length, params.max_tokens)):
+        assert request.constraint is None
+        sampler = Sampler(request.sampling)
+        for step in range(min(self.length, request.budget(self.info.context_window))):
             tok = sampler(self.logits[step])
             yield StepEvent(tok, self.WORDS[tok], -1.0)
         yield StepEvent(None, "", None, "length")
@@ -182,7 +174,14 @@ class GrammarEngine(_Base):
     with seeded noise; where a grammar forbids the script's token, the noise picks a legal one.
     """
 
-    def __init__(self, script: str = "Hello!", context_window: int = 4096, noise: float = 1.0, seed: int = 0):
+    def __init__(
+        self,
+        script: str = "Hello!",
+        context_window: int = 4096,
+        noise: float = 1.0,
+        seed: int = 0,
+        step_s: float = 0.0,
+    ):
         from goinfer.runtime.grammar import GrammarTokenizer
         from tokenizers import Tokenizer
 
@@ -191,12 +190,15 @@ class GrammarEngine(_Base):
         super().__init__(context_window, vocab)
         self.eos = self.tok.token_to_id("<eos>")
         self.grammar = GrammarTokenizer(byte_tokenizer_json(), vocab, [self.eos]).start()
-        self.script, self.noise, self.seed = script, noise, seed
+        self.script, self.noise, self.seed, self.step_s = script, noise, seed, step_s
         self.texts = [self.tok.decode([i], skip_special_tokens=False) for i in range(vocab)]
+        self.token_chars = prompt.longest_token(self.tok)
         self.constrained: list[bool] = []
 
     def text_ids(self, text: str) -> list[int]:
-        return self.tok.encode(text, add_special_tokens=False).ids or [0]
+        # As a real model's: GIL released, a prompt that cannot fit refused before it is tokenized in full.
+        ids = prompt.encode_within(self.tok, text, self.info.context_window, self.token_chars)
+        return ids or [0]
 
     def token_text(self, token_id: int) -> str:
         return self.texts[token_id]
@@ -215,17 +217,12 @@ class GrammarEngine(_Base):
         return z.astype(np.float32)
 
     def generate(
-        self,
-        prompt_ids: list[int],
-        params: SamplingParams,
-        logprobs: int | None,
-        constraint: Any = None,
-        capture: bool = False,
-        cancel: threading.Event | None = None,
+        self, request: GenerationRequest, cancel: threading.Event | None = None
     ) -> Iterator[StepEvent]:
-        from goinfer.runtime.decode import sample_tokens
-        from goinfer.runtime.detokenizer import Detokenizer
+        from goinfer.runtime.decode import Detokenizer, sample_tokens
 
+        prompt_ids, params, constraint = list(request.prompt_ids), request.sampling, request.constraint
+        self.requests.append(request)
         self.params.append(params)
         self.constrained.append(constraint is not None)
         rng = np.random.default_rng(self.seed)
@@ -233,11 +230,12 @@ class GrammarEngine(_Base):
 
         def step(tok: int) -> np.ndarray:
             nonlocal pos
+            time.sleep(self.step_s)  # a decode step's time on a real model
             if self.script.startswith(self.texts[tok], pos):  # on script; off it, it still wants the rest
                 pos += len(self.texts[tok])
             return self._logits(pos, rng)
 
-        budget = min(params.max_tokens, self.info.context_window - len(prompt_ids))
+        budget = request.budget(self.info.context_window)
         detok = Detokenizer(self.tok, prompt_ids)  # as Model.generate: whole characters only
         for ev in sample_tokens(
             self._logits(0, rng),
@@ -246,8 +244,8 @@ class GrammarEngine(_Base):
             params,
             frozenset([self.eos]),
             detok.push,
-            logprobs,
+            request.logprobs,
             constraint,
-            capture,
+            request.capture,
         ):
             yield ev if ev.token_id is not None else StepEvent(None, detok.flush(), None, ev.finish_reason)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +51,7 @@ class ToolPlan:
     parallel: bool
     fmt: CallFormat
     native: bool
+    schema_param: str = "tools.{i}.function.parameters"  # where the API spelled a tool's schema
 
     @property
     def names(self) -> set[str]:
@@ -62,35 +62,31 @@ class ToolPlan:
         """Constrained from the first token (the prompt is then rendered thinking-off)."""
         return self.choice != "auto"
 
-    def constraint(self, tok: g.GrammarTokenizer, token_text: Callable[[int], str]) -> g.Constraint:
+    def constraint(self, tok: g.GrammarTokenizer) -> g.Constraint:
         """The call grammar compiled once, with the tokenizer (tags that are special tokens match
-        as those tokens). Blocking: the tokenizer may still be building."""
+        as those tokens), its first step tried. Blocking: the tokenizer may still be building."""
         llg = tok.get()
         for i, t in enumerate(self.tools):  # every tool shown, callable or not: same rule
             self._check_schema(i, t)
         called = [t for t in self.tools if t.name == self.named] if self.named else list(self.tools)
-        lark = self.fmt.call_grammar(called, self.parallel and not self.named, llg)
         try:
-            matcher = tok.matcher(lark)
+            lark = self.fmt.call_grammar(called, self.parallel and not self.named, llg)
+            first = tok.constraint(lark)
         except g.GrammarError as e:
             raise bad_request(f"tools: the call grammar cannot be built: {e}", param="tools") from None
+        if self.choice == "auto":  # one request, one run: the trigger fires at most once
+            return g.TriggeredConstraint(self.fmt.opener, lambda: first, tok.decode_bytes)
+        return g.PrefixedConstraint(llg.tokenize_str(self.fmt.opener), first, tok.vocab_size)
 
-        def body() -> g.GrammarConstraint:
-            return g.GrammarConstraint(matcher, tok.vocab_size)
-
-        if self.choice == "auto":
-            return g.TriggeredConstraint(self.fmt.opener, body, token_text)
-        return g.PrefixedConstraint(llg.tokenize_str(self.fmt.opener), body(), tok.vocab_size)
-
-    @staticmethod
-    def _check_schema(i: int, t: Tool) -> None:
+    def _check_schema(self, i: int, t: Tool) -> None:
         """A 400 naming the tool for a schema that cannot be compiled even leniently (cached per
         schema; logs each ignored keyword once)."""
         try:
             g.compile_json_schema(t.parameters, lenient=True)
         except g.GrammarError as e:
-            what = f"tools.{i}.function.parameters"
-            raise bad_request(f"{what} is not a usable JSON schema: {e}", param=what) from None
+            what = self.schema_param.format(i=i)
+            why = f"{what} is not a usable JSON schema: {e}"
+            raise bad_request(why, param=what, code="invalid_schema") from None
 
     def reply_end(self, text: str) -> int | None:
         """A reply that opens with a bare call to a supplied tool ends with that call's object."""
@@ -101,14 +97,18 @@ class ToolPlan:
 
 
 def plan_tools(
-    tools: list[dict[str, Any]] | None, tool_choice: Any, parallel: bool | None, template: str
+    tools: list[dict[str, Any]] | None,
+    tool_choice: Any,
+    parallel: bool | None,
+    template: str,
+    schema_param: str = "tools.{i}.function.parameters",
 ) -> ToolPlan | None:
     """The request's tools, or None when no tool may be called (none given, or tool_choice none)."""
     if not tools:
         if tool_choice not in (None, "none", "auto"):
             raise bad_request("tool_choice needs tools", param="tool_choice")
         return None
-    parsed = tuple(_tool(t, i) for i, t in enumerate(tools))
+    parsed = tuple(_tool(t, i, schema_param) for i, t in enumerate(tools))
     names = [t.name for t in parsed]
     if len(set(names)) != len(names):
         raise bad_request("tools: each function needs a distinct name", param="tools")
@@ -118,10 +118,10 @@ def plan_tools(
     fmt, native = call_format(template)
     # One call per reply unless parallel_tool_calls is true (llama.cpp's default too): a small model
     # allowed another call after each one tends to repeat the same call until max_tokens.
-    return ToolPlan(parsed, choice, named, parallel is True, fmt, native)
+    return ToolPlan(parsed, choice, named, parallel is True, fmt, native, schema_param)
 
 
-def _tool(t: Any, i: int) -> Tool:
+def _tool(t: Any, i: int, schema_param: str) -> Tool:
     where = f"tools.{i}"
     if not isinstance(t, dict) or t.get("type", "function") != "function":
         raise bad_request(f"{where}: only tools of type 'function' are supported", param=f"{where}.type")
@@ -130,9 +130,12 @@ def _tool(t: Any, i: int) -> Tool:
         what = f"{where}.function.name"
         raise bad_request(f"{what} must be 1-64 letters, digits, '_', '-' or '.'", param=what)
     params = fn.get("parameters", {"type": "object", "properties": {}})
-    what = f"{where}.function.parameters"
+    what = schema_param.format(i=i)
     if not isinstance(params, dict):
         raise bad_request(f"{what} must be a JSON schema object", param=what)
+    kind = params.get("type", "object")
+    if kind != "object" and not (isinstance(kind, list) and "object" in kind):
+        raise bad_request(f"{what} must have type 'object': a call's arguments are an object", param=what)
     return Tool(fn["name"], str(fn.get("description") or ""), params)
 
 
@@ -213,9 +216,9 @@ def _history_call(c: Any, by_id: dict[str, str]) -> tuple[str, dict[str, Any]]:
     if not isinstance(c, dict):
         raise bad_request("messages: each tool_calls entry must be an object", param="messages")
     fn = c.get("function") or {}
-    name, args = fn.get("name"), fn.get("arguments", "{}")
-    if not isinstance(name, str):
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
         raise bad_request("messages: a tool call needs function.name", param="messages")
+    name, args = fn["name"], fn.get("arguments", "{}")
     if isinstance(args, str):
         with contextlib.suppress(ValueError):  # not JSON: kept as the string the client sent
             args = json.loads(args) if args.strip() else {}

@@ -1,9 +1,9 @@
-"""What every tool-call format shares: the supplied tools, the call grammar, and the parser.
+"""What every tool-call format shares: the supplied tools, the call grammar, and what reads calls.
 
 A family's format (hermes.py, llama3.py, mistral.py) is a `CallFormat`: the text that opens its
 calls, how several calls are joined, and the key its arguments sit under. Everything a request
-needs follows from that: the grammar that constrains a call (`call_grammar`) and the parser that
-reads calls back out of a reply (`parse`, and the streaming splitter in stream.py).
+needs follows from that: the grammar that constrains a call (`call_grammar`) and the helpers the
+streaming splitter (stream.py, the one reader of calls) finds calls in a reply with.
 """
 
 from __future__ import annotations
@@ -59,29 +59,15 @@ class CallFormat:
         return "\n".join([start, f"call: {alts}", *rules])
 
     def call_schema(self, tool: Tool) -> dict[str, Any]:
+        # A call's arguments are an object whatever else the schema allows (`plan_tools` refused a
+        # schema whose type excludes objects; one that names no type gets it here).
+        args = {**tool.parameters, "type": "object"}
         return {
             "type": "object",
-            "properties": {"name": {"const": tool.name}, self.args_key: tool.parameters},
+            "properties": {"name": {"const": tool.name}, self.args_key: args},
             "required": ["name", self.args_key],
             "additionalProperties": False,
         }
-
-    # -- parsing ------------------------------------------------------------------------
-    def parse(self, text: str, names: set[str]) -> tuple[str, list[Call]]:
-        """A whole reply -> (prose, calls). Prose is the text before the opener; a call naming a
-        tool that was not supplied, or whose arguments are not an object, is dropped."""
-        i = text.find(self.opener)
-        if i < 0:
-            if self.unwrapped:
-                call = unwrapped_call(text, names, self.args_key)
-                if call is not None:
-                    return "", [call]
-                fenced = fenced_call(text, names, self.args_key)
-                if fenced is not None:
-                    return text[: fenced[0]], [fenced[1]]
-            return text, []
-        calls = [c for c in (to_call(o, names, self.args_key) for o in json_objects(text[i:])) if c]
-        return text[:i], calls
 
 
 def to_call(obj: Any, names: set[str], args_key: str = "arguments") -> Call | None:

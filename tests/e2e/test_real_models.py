@@ -37,9 +37,10 @@ def _golden(name: str) -> dict:
 
 
 def _greedy(model, prompt_ids: list[int], n: int) -> list[int]:
+    from goinfer.runtime.decode import GenerationRequest
     from goinfer.runtime.sampler import SamplingParams
 
-    events = model.generate(prompt_ids, SamplingParams(temperature=0, max_tokens=n))
+    events = model.generate(GenerationRequest(prompt_ids, SamplingParams(temperature=0, max_tokens=n)))
     return [e.token_id for e in events if e.token_id is not None]
 
 
@@ -121,12 +122,13 @@ def test_first_token_logprobs_close_to_llama_cpp(name, real_bundle) -> None:
 
 
 def test_chat_generation_stops_at_end_of_turn(name, real_bundle) -> None:
+    from goinfer.runtime.decode import GenerationRequest
     from goinfer.runtime.model import Model
     from goinfer.runtime.sampler import SamplingParams
 
     model = Model.load(real_bundle(name, "gguf"))
     ids = model.chat_prompt([{"role": "user", "content": "Say hello in one word."}])
-    events = list(model.generate(ids, SamplingParams(temperature=0, max_tokens=48)))
+    events = list(model.generate(GenerationRequest(ids, SamplingParams(temperature=0, max_tokens=48))))
     text = "".join(e.text for e in events)
     assert events[-1].finish_reason in ("stop", "length")
     assert text.strip(), "empty reply"

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 from goinfer.runtime import tvm_runtime as rt
+from goinfer.runtime.decode import GenerationRequest
 from goinfer.runtime.model import Model
 from goinfer.runtime.sampler import SamplingParams
 from goinfer.runtime.scheduler import Cancelled, KVCacheFull, Scheduler, SchedulerConfig
@@ -90,9 +91,8 @@ def _pieces(m: Model, *pieces: list[int]) -> np.ndarray:
 
 def _first_step(gen, prompt: list[int]) -> tuple:
     """The reply's first token and its top-5 log-probabilities: a function of the last logits."""
-    ev = next(
-        e for e in gen(prompt, SamplingParams(temperature=0.0, max_tokens=1), 5) if e.token_id is not None
-    )
+    request = GenerationRequest(prompt, SamplingParams(temperature=0.0, max_tokens=1), 5)
+    ev = next(e for e in gen(request) if e.token_id is not None)
     return ev.token_id, ev.top_logprobs
 
 
@@ -117,9 +117,9 @@ def test_reuse_is_a_cold_run_bit_for_bit(model: Model, how: str) -> None:
         warm = max(sched.pool.seqs.values(), key=lambda s: s.last_used)
         assert warm.tokens[: len(second)] == second
         assert (
-            list(sched.generate(second, SamplingParams(temperature=0.0, max_tokens=1)))[-1].timings[
-                "cached_tokens"
-            ]
+            list(sched.generate(GenerationRequest(second, SamplingParams(temperature=0.0, max_tokens=1))))[
+                -1
+            ].timings["cached_tokens"]
             == len(second) - 1 - (len(second) - 1) % c
         )  # now all its whole chunks are warm
         third = first + _ids(vocab, 2 * c, 6)  # the first conversation goes on
@@ -130,7 +130,7 @@ def test_reuse_is_a_cold_run_bit_for_bit(model: Model, how: str) -> None:
 
 
 def _run_alone(m: Model, prompt: list[int], params: SamplingParams = GREEDY) -> list[int]:
-    return [e.token_id for e in m.generate(prompt, params) if e.token_id is not None]
+    return [e.token_id for e in m.generate(GenerationRequest(prompt, params)) if e.token_id is not None]
 
 
 def test_concurrent_generations_each_get_what_they_get_alone(model: Model) -> None:
@@ -142,7 +142,11 @@ def test_concurrent_generations_each_get_what_they_get_alone(model: Model) -> No
     out: dict[int, list[int]] = {}
 
     def run(i: int) -> None:
-        out[i] = [e.token_id for e in sched.generate(prompts[i], params[i]) if e.token_id is not None]
+        out[i] = [
+            e.token_id
+            for e in sched.generate(GenerationRequest(prompts[i], params[i]))
+            if e.token_id is not None
+        ]
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
     try:
@@ -182,7 +186,7 @@ def test_cancel_mid_prefill_frees_the_sequence(model: Model) -> None:
     sched = Scheduler(m, SchedulerConfig(prefill_chunk=4, kv_sessions=0))
     try:
         with client_leaves_at(m, 2) as (cancel, calls), pytest.raises(Cancelled):
-            list(sched.generate(_ids(m.spec.vocab_size, 40, 1), GREEDY, cancel=cancel))
+            list(sched.generate(GenerationRequest(_ids(m.spec.vocab_size, 40, 1), GREEDY), cancel=cancel))
         assert calls == [2]  # the other 8 chunks never ran
         sched.sync()
         assert sched.pool.seqs == {}
@@ -199,10 +203,12 @@ def test_a_retry_after_a_cancelled_prefill_resumes_where_it_stopped(model: Model
     prompt = _ids(m.spec.vocab_size, 40, 1)
     try:
         with client_leaves_at(m, 3) as (cancel, _), pytest.raises(Cancelled):
-            list(sched.generate(prompt, GREEDY, cancel=cancel))
-        events = list(sched.generate(prompt, GREEDY))
+            list(sched.generate(GenerationRequest(prompt, GREEDY), cancel=cancel))
+        events = list(sched.generate(GenerationRequest(prompt, GREEDY)))
         assert events[0].timings["cached_tokens"] == 3 * sched.chunk  # the three chunks computed
-        assert [e.token_id for e in events] == [e.token_id for e in cold.generate(prompt, GREEDY)]
+        assert [e.token_id for e in events] == [
+            e.token_id for e in cold.generate(GenerationRequest(prompt, GREEDY))
+        ]
     finally:
         sched.stop()
         cold.stop()
@@ -213,7 +219,7 @@ def test_a_prompt_the_cache_cannot_hold_is_refused(model: Model) -> None:
     sched = Scheduler(m, SchedulerConfig(kv_tokens=32, kv_sessions=0))
     try:
         with pytest.raises(KVCacheFull, match="no room"):
-            list(sched.generate(_ids(m.spec.vocab_size, 60, 2), GREEDY))
+            list(sched.generate(GenerationRequest(_ids(m.spec.vocab_size, 60, 2), GREEDY)))
     finally:
         sched.stop()
 
@@ -237,7 +243,7 @@ def test_constraints_logprobs_and_seeds_stay_per_generation(model: Model) -> Non
     ]
 
     def go(gen, prompt, params, logprobs, make):
-        events = list(gen(prompt, params, logprobs, make() if make else None))
+        events = list(gen(GenerationRequest(prompt, params, logprobs, make() if make else None)))
         return [(e.token_id, e.logprob, e.top_logprobs) for e in events if e.token_id is not None]
 
     alone = [go(m.generate, *r) for r in runs]
@@ -267,8 +273,10 @@ def test_longest_prefix_reuse_takes_the_whole_shared_prefix(model: Model) -> Non
     first = _ids(vocab, 21, 7)
     second = first + _ids(vocab, 5, 8)
     try:
-        list(sched.generate(first, SamplingParams(temperature=0.0, max_tokens=1)))
-        events = list(sched.generate(second, SamplingParams(temperature=0.0, max_tokens=1), 5))
+        list(sched.generate(GenerationRequest(first, SamplingParams(temperature=0.0, max_tokens=1))))
+        events = list(
+            sched.generate(GenerationRequest(second, SamplingParams(temperature=0.0, max_tokens=1), 5))
+        )
         assert events[-1].timings["cached_tokens"] == len(first)  # not rounded to a chunk
         (warm,) = [e for e in events if e.token_id is not None]
         tok, top = _first_step(cold.generate, second)

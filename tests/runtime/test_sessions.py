@@ -7,6 +7,7 @@ import logging
 import numpy as np
 import pytest
 from goinfer.runtime import session_store as store
+from goinfer.runtime.decode import GenerationRequest
 from goinfer.runtime.model import Model
 from goinfer.runtime.sampler import SamplingParams
 from goinfer.runtime.scheduler import Scheduler, SchedulerConfig
@@ -34,7 +35,7 @@ def test_sessions_survive_a_restart(model: Model, tmp_path) -> None:
     cold = Scheduler(m, SchedulerConfig(kv_sessions=0, prefill_chunk=8))
     turns = [_ids(vocab, 30, 1), _ids(vocab, 20, 2)]  # two conversations
     first = Scheduler(m, config)
-    replies = [_tokens(first.generate(t, GREEDY))[0] for t in turns]
+    replies = [_tokens(first.generate(GenerationRequest(t, GREEDY)))[0] for t in turns]
     first.sync()
     for f in store.listing(tmp_path, m.bundle.header_sha256):  # after each request: the ids
         assert store.load(f, m.bundle.header_sha256).kv_metadata is None
@@ -51,9 +52,9 @@ def test_sessions_survive_a_restart(model: Model, tmp_path) -> None:
         assert sorted(warm) == sorted(len(t) + len(r) - 1 for t, r in zip(turns, replies, strict=True))
         for t, r in zip(turns, replies, strict=True):
             follow = [*t, *r, *_ids(vocab, 5, 3)]
-            got, cached = _tokens(again.generate(follow, GREEDY))
+            got, cached = _tokens(again.generate(GenerationRequest(follow, GREEDY)))
             assert cached == warm[len(t) + len(r) - 1] > 0
-            assert got == _tokens(cold.generate(follow, GREEDY))[0]
+            assert got == _tokens(cold.generate(GenerationRequest(follow, GREEDY)))[0]
     finally:
         again.stop()
         cold.stop()
@@ -67,7 +68,7 @@ def test_a_damaged_session_file_is_refused_never_loaded(model: Model, tmp_path, 
     m = model
     config = SchedulerConfig(kv_sessions=4, session_dir=str(tmp_path))
     s = Scheduler(m, config)
-    list(s.generate(_ids(m.spec.vocab_size, 25, 4), GREEDY))
+    list(s.generate(GenerationRequest(_ids(m.spec.vocab_size, 25, 4), GREEDY)))
     s.stop()
     (path,) = store.listing(tmp_path, m.bundle.header_sha256)
     data = path.read_bytes()

@@ -3,7 +3,7 @@ forced fields left out, nesting paths."""
 
 from __future__ import annotations
 
-from goinfer.runtime.stream import StepChoice
+from goinfer.runtime.decode import StepChoice
 from goinfer.serve.confidence import Step, field_confidence
 
 SCHEMA = {

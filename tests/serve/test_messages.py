@@ -195,7 +195,7 @@ async def test_newer_fields_are_accepted_and_max_tokens_is_clamped_to_the_window
     headers = {**HEADERS, "anthropic-beta": "claude-code-20250219,context-management-2025-06-27"}
     r = await client.post("/v1/messages?beta=true", json=body(**extra), headers=headers)
     assert (await message(r))["stop_reason"] == "end_turn"
-    assert engine.params[-1].max_tokens == 4096 - len(render(HI))
+    assert engine.requests[-1].budget(4096) == 4096 - len(render(HI))  # clamped in the runtime
 
 
 async def test_output_config_format_is_structured_output_and_strict(aiohttp_client):

@@ -25,8 +25,8 @@ import pytest
 import sdk_models
 from fake_engine import GrammarEngine
 from goinfer.serve.app import create_app
-from goinfer.serve.chunks import fold_chat
 from goinfer.serve.config import ServeConfig
+from goinfer.serve.events import fold_chat
 from goinfer.serve.messages import fold_message
 from sse import named_events
 

@@ -159,7 +159,7 @@ async def test_text_format_json_schema(aiohttp_client):
          "input.0.content.0.type"),
         ({"input": [{"role": "tool", "content": "x"}]}, "input.0.role"),
         ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "strin"}}}},
-         "response_format.json_schema.schema"),
+         "text.format.schema"),
     ],
 )  # fmt: skip
 async def test_bad_requests_are_400(aiohttp_client, body, param):

@@ -11,8 +11,8 @@ import pytest
 import sdk_models
 from fake_engine import PIECES, SampledEngine, ScriptedEngine, render
 from goinfer.serve.app import create_app
-from goinfer.serve.chunks import fold_chat, fold_completion
 from goinfer.serve.config import SamplingDefaults, ServeConfig
+from goinfer.serve.events import fold_chat, fold_completion
 
 pytestmark = pytest.mark.asyncio
 
@@ -143,11 +143,11 @@ async def test_a_budget_past_the_window_is_clamped_to_it(aiohttp_client, field):
     user = "u" * (64 - len(render([{"role": "user", "content": ""}])) - 3)  # leaves room for 3 tokens
     reply = await checked_reply(await client.post("/v1/chat/completions", json=chat(
         messages=[{"role": "user", "content": user}], **{field: 10**9})))  # fmt: skip
-    assert engine.params[-1].max_tokens == 3
+    assert engine.requests[-1].budget(64) == 3  # clamped once, in the runtime
     assert reply["choices"][0]["finish_reason"] == "length" and reply["usage"]["completion_tokens"] == 3
     completion = {"model": "fake", "prompt": "y" * 62, "max_tokens": 10**6}
     reply = await checked_reply(await client.post("/v1/completions", json=completion))
-    assert engine.params[-1].max_tokens == 2 and reply["choices"][0]["finish_reason"] == "length"
+    assert engine.requests[-1].budget(64) == 2 and reply["choices"][0]["finish_reason"] == "length"
 
 
 async def test_sampling_defaults_fill_only_what_a_request_leaves_out(aiohttp_client):
@@ -286,7 +286,8 @@ async def test_max_tokens_and_max_completion_tokens_cut_with_length(aiohttp_clie
     assert body["choices"][0]["message"]["content"] == "Hello wor"
     # left out: the rest of the context window
     await client.post("/v1/chat/completions", json=chat())
-    assert engine.params[-1].max_tokens == 64 - len(render(HELLO))
+    assert engine.params[-1].max_tokens is None  # the runtime gives the reply what the window leaves
+    assert engine.requests[-1].budget(64) == 64 - len(render(HELLO))
 
 
 async def test_sampling_fields_reach_the_sampler(aiohttp_client):

@@ -40,9 +40,10 @@ def local(bundle):
 
 
 def _greedy(model, ids: list[int], n: int) -> tuple[str, int]:
+    from goinfer.runtime.decode import GenerationRequest
     from goinfer.runtime.sampler import SamplingParams
 
-    events = list(model.generate(ids, SamplingParams(temperature=0, max_tokens=n)))
+    events = list(model.generate(GenerationRequest(ids, SamplingParams(temperature=0, max_tokens=n))))
     return "".join(e.text for e in events), sum(e.token_id is not None for e in events)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from goinfer.runtime.stream import StepEvent
+from goinfer.runtime.decode import StepEvent
 from goinfer.serve.deltas import StopMatcher, text_deltas
 
 
@@ -90,16 +90,18 @@ def test_a_stop_closes_the_source_generator() -> None:
 
 
 def test_serve_reaches_the_runtime_only_through_its_public_surface() -> None:
-    """Token events (runtime.stream), sampling and grammar primitives, the scheduler's errors; the
-    bundle's Model only in the engine adapter. The reply (stop strings, tool calls, confidence)
-    is built in serve/."""
+    """The generation's values (runtime.decode: GenerationRequest in, StepEvents out), the prompt's
+    refusal (runtime.prompt), sampling and grammar primitives, the scheduler's errors; the bundle's
+    Model only in the engine adapter. The reply (stop strings, tool calls, confidence) is built in
+    serve/."""
     import ast
     from pathlib import Path
 
     import goinfer.serve
 
     surface = {
-        "goinfer.runtime.stream",
+        "goinfer.runtime.decode",
+        "goinfer.runtime.prompt",
         "goinfer.runtime.sampler",
         "goinfer.runtime.grammar",
         "goinfer.runtime.scheduler",

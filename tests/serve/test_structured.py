@@ -16,8 +16,8 @@ import pytest
 import sdk_models
 from fake_engine import GrammarEngine
 from goinfer.serve.app import create_app
-from goinfer.serve.chunks import fold_chat
 from goinfer.serve.config import ServeConfig
+from goinfer.serve.events import fold_chat
 
 pytestmark = pytest.mark.asyncio
 
@@ -140,6 +140,7 @@ async def test_keywords_the_grammar_cannot_enforce_are_ignored_and_logged_once(a
     from goinfer.runtime import grammar
 
     grammar._validated.cache_clear()  # a fresh process, as far as the log is concerned
+    grammar._compiled.cache_clear()
     grammar._note_ignored.cache_clear()
     loose = {"type": "function", "function": {"name": "where", "parameters": LOOSE}}
     fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": LOOSE}}
