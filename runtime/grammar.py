@@ -141,10 +141,8 @@ def lark_literal(text: str, tok: llguidance.LLTokenizer | None = None) -> str:
 
 def json_in_lark(schema: dict[str, Any]) -> str:
     """A JSON schema as a lark rule body (`%json{...}`), closed (see `closed`), with our separators,
-    lenient: it is a tool's arguments (see `LENIENT_OPTIONS`)."""
-    why = why_unsatisfiable(schema)
-    if why is not None:
-        raise GrammarError(f"no finite JSON value satisfies it: {why}")
+    lenient: it is a tool's arguments (see `LENIENT_OPTIONS`). Check the schema with
+    `compile_json_schema` first: this only spells it."""
     return "%json" + json.dumps({**closed(schema), "x-guidance": LENIENT_OPTIONS}, separators=(",", ":"))
 
 

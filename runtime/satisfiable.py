@@ -70,9 +70,12 @@ class _Check:
                 if not any(self.ok(sub, f"{at}/{key}/{i}") for i, sub in enumerate(s[key])):
                     return self.fail(f"{at}.{key}: no branch has a finite value")
                 self.reason = kept
-        if "const" in s or "enum" in s:
-            return True
         kinds = s.get("type")
+        values = [s["const"]] if "const" in s else s.get("enum")
+        if isinstance(values, list):  # a listed value must also be of the schema's type, if it names one
+            if kinds is None or any(_of_type(v, kinds) for v in values):
+                return True
+            return self.fail(f"{at}: no listed value (enum, const) is of its type {kinds!r}")
         if kinds is None:
             return True  # a value of some other type satisfies the type-specific keywords
         kinds = kinds if isinstance(kinds, list) else [kinds]
@@ -133,6 +136,25 @@ class _Check:
 
 
 _MISSING = object()
+
+
+_PY_TYPES: dict[str, tuple[type, ...]] = {
+    "object": (dict,), "array": (list,), "string": (str,), "boolean": (bool,), "null": (type(None),),
+    "number": (int, float), "integer": (int,),
+}  # fmt: skip
+
+
+def _of_type(value: Any, kinds: Any) -> bool:
+    kinds = kinds if isinstance(kinds, list) else [kinds]
+    for k in kinds:
+        if k not in _PY_TYPES:
+            return True  # not a JSON type: the compiler's to refuse
+        if isinstance(value, bool) and k != "boolean":
+            continue  # True is an int to Python, not to JSON
+        whole = k == "integer" and isinstance(value, float) and value.is_integer()
+        if isinstance(value, _PY_TYPES[k]) or whole:
+            return True
+    return False
 
 
 def _list(value: Any) -> list[Any]:

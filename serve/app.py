@@ -8,6 +8,7 @@ each with its own error middleware (the envelope its clients expect).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -19,7 +20,7 @@ from .config import BodyCaps, ServeConfig
 from .engine import Engine
 from .errors import openai_envelope
 from .keys import CAPS, CONFIG, LOADER, REGISTRY, RESPONSES, STARTED, Loader
-from .middleware import guards
+from .middleware import SAME_ORIGIN_ONLY, cors_headers, guards, text_routes
 from .registry import Registry
 
 log = logging.getLogger("goinfer.serve")
@@ -38,7 +39,7 @@ def create_app(
     registry = Registry(config.max_queue, config.max_concurrent)
     for name, engine in engines.items():
         registry.add(name, engine)
-    app[CONFIG], app[CAPS], app[REGISTRY] = config, caps, registry
+    app[CONFIG], app[REGISTRY] = config, registry
     app[LOADER] = loader
     app[STARTED] = int(time.time())
     app[RESPONSES] = responses.ResponseStore(config.responses_store)
@@ -46,7 +47,11 @@ def create_app(
     app.add_routes(responses.routes)
     app.add_subapp(messages.PREFIX, messages.app())
     if config.allow_admin:
-        app.add_subapp(admin.PREFIX, admin.app())
+        sub = admin.app()
+        sub[SAME_ORIGIN_ONLY] = True  # no --cors-origin opens loading and unloading to a web page
+        app.add_subapp(admin.PREFIX, sub)
+    app[CAPS] = dataclasses.replace(caps, text_routes=text_routes(app))  # the banner names them
+    app.on_response_prepare.append(cors_headers)  # every app's responses pass the root's signal
     app.cleanup_ctx.append(_close_models)
     return app
 

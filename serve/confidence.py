@@ -21,7 +21,7 @@ from typing import Any
 
 from goinfer.runtime.decode import StepChoice, StepEvent
 
-from .deltas import Delta
+from .events import Delta
 
 
 @dataclass(frozen=True)

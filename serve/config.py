@@ -13,10 +13,14 @@ SMALL_CAP = 64 * 1024  # admin and GET routes carry a few fields at most
 
 @dataclass(frozen=True)
 class BodyCaps:
-    """The largest request body each kind of route reads (a larger Content-Length is a 413)."""
+    """The largest request body each kind of route reads (a larger Content-Length is a 413).
 
-    text: int  # /v1/chat/completions, /v1/completions
+    Which routes take the text cap is decided by one registry, middleware.py's `text_body` marks;
+    `create_app` fills `text_routes` from it, so the banner names the routes the middleware caps."""
+
+    text: int  # the routes whose body carries a prompt (`text_routes`)
     small: int  # every other route
+    text_routes: tuple[str, ...] = ()  # "/v1/chat/completions", ...: filled from the app's router
 
     @classmethod
     def resolve(cls, max_body_bytes: int, context_windows: list[int]) -> BodyCaps:
@@ -27,7 +31,10 @@ class BodyCaps:
         return cls(text=text, small=SMALL_CAP)
 
     def describe(self) -> str:
-        return f"chat/completions and completions {_size(self.text)}, other routes {_size(self.small)}"
+        if self.text == self.small:
+            return f"every route {_size(self.text)}"
+        text = ", ".join(self.text_routes) or "prompt routes"
+        return f"{text} {_size(self.text)}; other routes {_size(self.small)}"
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,9 @@ class ServeConfig:
     poll_s: float = 0.25  # how often a waiting request checks that its client is still there
     retry_after_s: int = 1  # the Retry-After a 429 carries
     responses_store: int = 256  # stored /v1/responses kept for previous_response_id, oldest dropped
+    # Browser origins (scheme://host[:port]) besides the server's own that may call the API routes
+    # (`--cors-origin`, repeatable); admin routes answer their own origin only (middleware.py).
+    cors_origins: tuple[str, ...] = ()
     sampling: SamplingDefaults = SamplingDefaults()
 
     @property

@@ -29,9 +29,8 @@ from aiohttp import web
 from pydantic import Field
 
 from . import pipeline
-from .deltas import Delta
 from .errors import APIError, bad_request
-from .events import Chunk, NamedEvents
+from .events import Chunk, Delta, NamedEvents
 from .middleware import guards, text_body
 from .pipeline import Job, Sampling, refused, text_of
 from .schemas import Body, read_request

@@ -1,9 +1,19 @@
-"""Cross-cutting request handling: the error envelope catch-all, API-key auth, body caps.
+"""Cross-cutting request handling: the error envelope catch-all, the origin check, API-key auth,
+body caps.
 
 Every app (the root, and the Anthropic and admin sub-apps) gets `guards(its envelope)`. A request
-for a sub-app passes through its parents' middlewares first; auth and the body cap act only in
-the app that owns the route, inside that app's error middleware, so a refusal comes back in the
-envelope of the API that was called.
+for a sub-app passes through its parents' middlewares first; the origin check, auth and the body
+cap act only in the app that owns the route, inside that app's error middleware, so a refusal
+comes back in the envelope of the API that was called.
+
+Cross-site requests: a browser sends `Origin` with every cross-site POST, and a page may send a
+`text/plain` body without asking first (no preflight), so with no API key any page open in a
+browser could drive this server. A request whose Origin is not the server's own (scheme://Host) is
+a 403 unless `--cors-origin` lists it; admin routes refuse every foreign origin. Allowed origins get
+CORS answers: a preflight (OPTIONS with Access-Control-Request-Method) is a 204 here, before auth
+and routing, and every response carries Access-Control-Allow-Origin (`cors_headers`, run as the
+root app's on_response_prepare signal, so SSE streams and errors get it too). Requests without an
+Origin (curl, SDKs, other servers) are not affected.
 """
 
 from __future__ import annotations
@@ -11,9 +21,11 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import re
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+from yarl import URL
 
 from .errors import APIError, Envelope
 from .keys import CAPS, CONFIG
@@ -22,10 +34,20 @@ log = logging.getLogger("goinfer.serve")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _TEXT_ROUTES: set[Handler] = set()  # handlers whose body carries a prompt
 
+SAME_ORIGIN_ONLY = web.AppKey("same_origin_only", bool)  # an app (admin) that no --cors-origin opens
+CORS_ORIGIN = web.RequestKey("cors_origin", str)  # the foreign origin this request was allowed from
+PREFLIGHT_MAX_AGE_S = 600
+ALLOWED_HEADERS = (
+    "Authorization, x-api-key, Content-Type, anthropic-version, anthropic-beta, "
+    "anthropic-dangerous-direct-browser-access, OpenAI-Organization, OpenAI-Project"
+)
+_HEADER_LIST = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~, -]{1,1000}$")
+
 
 def guards(envelope: Envelope) -> list:
-    """An app's middlewares: its error envelope outermost, then the API key, then the body cap."""
-    return [errors(envelope), auth, body_cap]
+    """An app's middlewares: its error envelope outermost, then the origin check (a preflight has
+    no key to send), then the API key, then the body cap."""
+    return [errors(envelope), origins, auth, body_cap]
 
 
 def errors(envelope: Envelope):
@@ -66,16 +88,103 @@ def _owns(request: web.Request) -> bool:
     return request.app is request.match_info.apps[-1]
 
 
+# -- origins ---------------------------------------------------------------------------------------
+@web.middleware
+async def origins(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A foreign Origin is refused unless allowed; an allowed one's preflight is answered here."""
+    origin = request.headers.get("Origin")
+    if origin is None or not _owns(request):
+        return await handler(request)
+    own = _same_origin(request, origin)
+    if not own:
+        if request.app.get(SAME_ORIGIN_ONLY, False):
+            raise APIError(
+                403,
+                f"Origin {_shown(origin)} is not this server's own: admin routes answer only "
+                "same-origin requests and requests without an Origin (curl, scripts)",
+                code="origin_not_allowed",
+            )
+        allowed = request.config_dict[CONFIG].cors_origins
+        if _origin_key(origin) not in {_origin_key(o) for o in allowed}:
+            raise APIError(
+                403,
+                f"Origin {_shown(origin)} is not allowed: this server answers browser requests from its "
+                "own origin and from those passed with --cors-origin",
+                code="origin_not_allowed",
+            )
+        request[CORS_ORIGIN] = origin
+    if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
+        return preflight(request, origin)
+    return await handler(request)
+
+
+def preflight(request: web.Request, origin: str) -> web.Response:
+    """A CORS preflight's answer: the route's methods, the headers asked for, cached a while."""
+    exc = request.match_info.http_exception
+    if isinstance(exc, web.HTTPNotFound):
+        raise exc
+    if isinstance(exc, web.HTTPMethodNotAllowed):
+        methods = exc.allowed_methods
+    else:  # a route that takes OPTIONS itself
+        methods = {request.headers["Access-Control-Request-Method"]}
+    asked = request.headers.get("Access-Control-Request-Headers", "")
+    headers = {
+        "Access-Control-Allow-Origin": origin,
+        "Access-Control-Allow-Methods": ", ".join(sorted(m for m in methods if m != "OPTIONS")),
+        "Access-Control-Allow-Headers": asked if _HEADER_LIST.match(asked) else ALLOWED_HEADERS,
+        "Access-Control-Max-Age": str(PREFLIGHT_MAX_AGE_S),
+        "Vary": "Origin",
+    }
+    return web.Response(status=204, headers=headers)
+
+
+async def cors_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """on_response_prepare: an allowed foreign origin may read the response (SSE and errors too)."""
+    if "Origin" not in request.headers:
+        return
+    origin = request.get(CORS_ORIGIN)
+    if origin is not None and "Access-Control-Allow-Origin" not in response.headers:
+        response.headers["Access-Control-Allow-Origin"] = origin
+    vary = response.headers.get("Vary", "")
+    if "origin" not in vary.lower():
+        response.headers["Vary"] = f"{vary}, Origin" if vary else "Origin"
+
+
+def _origin_key(origin: str) -> tuple[str, str, int | None] | None:
+    """(scheme, host, port) with the default port filled in; None for `null` or anything else."""
+    try:
+        url = URL(origin.strip())
+        if url.scheme not in ("http", "https") or not url.host or url.path not in ("", "/"):
+            return None
+        return url.scheme, url.host.lower().rstrip("."), url.port
+    except (ValueError, TypeError, UnicodeError):
+        return None
+
+
+def _same_origin(request: web.Request, origin: str) -> bool:
+    """Is `origin` scheme://Host of this request? (No Host header: not provably ours.)"""
+    host = request.headers.get("Host")
+    key = _origin_key(origin)
+    return host is not None and key is not None and key == _origin_key(f"{request.scheme}://{host}")
+
+
+def _shown(origin: str) -> str:
+    return repr(origin[:200])
+
+
+# -- auth ------------------------------------------------------------------------------------------
 @web.middleware
 async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every route needs the key when one is set: `Authorization: Bearer K` or `x-api-key: K`."""
+    """Every route needs the key when one is set: `Authorization: Bearer K` or `x-api-key: K`.
+    Compared as bytes: a header that is not UTF-8 (aiohttp keeps its bytes as surrogates) or not
+    ASCII is a wrong key like any other."""
     key = request.config_dict[CONFIG].api_key
     if key and _owns(request):
         header = request.headers.get("Authorization", "")
         given = (
             header[7:].strip() if header[:7].lower() == "bearer " else request.headers.get("x-api-key", "")
         )
-        if not hmac.compare_digest(given.encode(), key.encode()):
+        if not hmac.compare_digest(_raw(given), _raw(key)):
             raise APIError(
                 401,
                 "missing or wrong API key: send Authorization: Bearer <key> or x-api-key: <key>",
@@ -84,6 +193,11 @@ async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     return await handler(request)
 
 
+def _raw(s: str) -> bytes:
+    return s.encode("utf-8", "surrogatepass")  # total and one-to-one: no str raises here
+
+
+# -- body caps -------------------------------------------------------------------------------------
 @web.middleware
 async def body_cap(request: web.Request, handler: Handler) -> web.StreamResponse:
     """A declared body over the route's cap is a 413 before any of it is read."""
@@ -101,6 +215,12 @@ def text_body(handler: Handler) -> Handler:
     """Marks a route whose body carries a prompt: it gets the text cap (sized to the context window)."""
     _TEXT_ROUTES.add(handler)
     return handler
+
+
+def text_routes(app: web.Application) -> tuple[str, ...]:
+    """The paths of the app's text routes, sub-apps' included: what the banner names."""
+    paths = {r.resource.canonical for r in app.router.routes() if r.resource and r.handler in _TEXT_ROUTES}
+    return tuple(sorted(paths))
 
 
 def body_cap_for(request: web.Request) -> int:

@@ -29,10 +29,9 @@ from goinfer.runtime.sampler import SamplingParams
 
 from .confidence import recorded, with_confidence
 from .config import SamplingDefaults
-from .deltas import Delta, text_deltas
 from .engine import Engine
 from .errors import APIError, bad_request, unsupported
-from .events import EventBuilder, respond
+from .events import Delta, EventBuilder, respond, text_deltas
 from .keys import CONFIG, REGISTRY
 from .registry import ModelSlot
 from .tools import ToolPlan, plan_tools, prepare_messages

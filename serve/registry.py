@@ -14,13 +14,16 @@ import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
+from typing import TYPE_CHECKING
 
 from goinfer.runtime.grammar import GrammarError
 from goinfer.runtime.scheduler import Cancelled, KVCacheFull
 
-from .deltas import Delta
 from .engine import Engine
 from .errors import APIError
+
+if TYPE_CHECKING:
+    from .events import Delta
 
 log = logging.getLogger("goinfer.serve")
 _END = object()
@@ -82,8 +85,7 @@ class Generation:
                     return
                 if isinstance(item, Exception):
                     raise item
-                assert isinstance(item, Delta)
-                yield item
+                yield item  # type: ignore[misc]  (a Delta: the worker posts nothing else)
         finally:
             self.cancelled.set()  # harmless once finished; stops the worker if we left early
 

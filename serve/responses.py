@@ -22,9 +22,8 @@ from aiohttp import web
 from pydantic import Field
 
 from . import pipeline
-from .deltas import Delta
 from .errors import APIError, bad_request, openai_envelope, unsupported
-from .events import Chunk, NamedEvents
+from .events import Chunk, Delta, NamedEvents
 from .keys import RESPONSES
 from .middleware import text_body
 from .pipeline import RESPONSES_TEXT, Job, Reply, Sampling, text_of

@@ -112,7 +112,7 @@ async def read_request(request: web.Request, model: type[Body]) -> Any:
 async def read_body(request: web.Request, cap: int) -> bytes:
     """The body, refusing past `cap` bytes (Content-Length was checked before; this covers chunked)."""
     parts, size = [], 0
-    while chunk := await request.content.read(64 * 1024):
+    while chunk := await _read(request):
         size += len(chunk)
         if size > cap:
             raise APIError(
@@ -120,6 +120,14 @@ async def read_body(request: web.Request, cap: int) -> bytes:
             )
         parts.append(chunk)
     return b"".join(parts)
+
+
+async def _read(request: web.Request) -> bytes:
+    try:
+        return await request.content.read(64 * 1024)
+    except web.RequestPayloadError as e:  # a body its Content-Encoding (gzip, deflate) does not decode
+        why = (str(e.__cause__ or e).strip().splitlines() or ["it does not decode"])[-1].strip()
+        raise bad_request(f"request body cannot be read: {why}", code="invalid_body") from None
 
 
 def parse(model: type[Body], body: bytes) -> Any:
@@ -135,12 +143,13 @@ def parse(model: type[Body], body: bytes) -> Any:
         err = max(errs, key=lambda x: (len(x["loc"]), not x["type"].endswith("_type")))
         if err["type"] == "json_invalid":
             raise bad_request(f"request body is not valid JSON: {err['msg']}", code="invalid_json") from None
-        if err["type"] == "model_type":
+        if err["type"] == "model_type" and not err["loc"]:
             raise bad_request("request body must be a JSON object", code="invalid_json") from None
         # Union members repeat the path with their type names; keep the field's own path.
         path = [str(p) for p in err["loc"] if not _is_type_tag(p)]
         param = ".".join(path) or None
-        raise APIError(400, f"{param}: {err['msg']}" if param else err["msg"], param=param) from None
+        msg = "Input should be an object" if err["type"] == "model_type" else err["msg"]
+        raise APIError(400, f"{param}: {msg}" if param else msg, param=param) from None
 
 
 def _is_type_tag(p: object) -> bool:

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Mapping
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from .config import BodyCaps, ServeConfig
 from .engine import Engine
@@ -49,6 +50,8 @@ def banner(config: ServeConfig, caps: BodyCaps, engines: Mapping[str, Engine]) -
         if memory is not None:
             lines.append(f"    {memory()}")
     lines.append(f"  body caps: {caps.describe()}")
+    origins = ", ".join(config.cors_origins) if config.cors_origins else "none"
+    lines.append(f"  browser origins allowed besides this server's own: {origins} (admin routes: none)")
     admin = f"on (unload drain wait {config.unload_drain_wait_s:g}s)" if config.allow_admin else "off"
     lines.append(
         f"  concurrency: {config.max_concurrent} generations per model at once, {config.max_queue} waiting; "
@@ -67,8 +70,8 @@ def warnings(config: ServeConfig) -> list[str]:
     out = []
     if not config.api_key:
         out.append(
-            "no API key: any local process or web page can call this server "
-            "(pass --api-key or set GOINFER_API_KEY)"
+            "no API key: any local process can call this server, and so can web pages from the origins "
+            "--cors-origin allows (pass --api-key or set GOINFER_API_KEY)"
         )
     if not config.loopback and not config.tls:
         out.append(
@@ -89,5 +92,34 @@ def log_to_stderr() -> None:
     root.propagate = False
 
 
+class HTTPLog(logging.LoggerAdapter):
+    """aiohttp's server logger, with a request that is not valid HTTP (a control byte in a header,
+    an 8 KiB line, a body its Content-Encoding does not decode) logged as one line: aiohttp has
+    answered it 400 (or the route has, and aiohttp meets the bad body again draining it), and it
+    is the client's error, not a traceback's worth."""
+
+    def exception(self, msg: object, *args: object, exc_info: object = True, **kw: object) -> None:
+        if isinstance(exc_info, (HttpProcessingError, web.RequestPayloadError)):
+            text = getattr(exc_info, "message", None) or str(exc_info)  # RequestPayloadError has none
+            why = " ".join(line.strip() for line in str(text).splitlines() if line.strip())
+            self.warning(
+                "%s: %s: %s", msg % args, type(exc_info).__name__, why.removeprefix("400, message: ")[:300]
+            )
+        else:
+            super().exception(msg, *args, exc_info=exc_info, **kw)
+
+
+def http_log() -> HTTPLog:
+    return HTTPLog(logging.getLogger("aiohttp.server"))
+
+
 def run(app: web.Application, config: ServeConfig, context: ssl.SSLContext | None) -> None:
-    web.run_app(app, host=config.host, port=config.port, ssl_context=context, print=None, access_log=None)
+    web.run_app(
+        app,
+        host=config.host,
+        port=config.port,
+        ssl_context=context,
+        print=None,
+        access_log=None,
+        logger=http_log(),
+    )

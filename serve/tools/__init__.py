@@ -23,12 +23,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from goinfer.runtime import grammar as g
+from llguidance import LLTokenizer
 
 from ..errors import bad_request
-from . import hermes, llama3, mistral
-from .base import Call, CallFormat, Tool, bare_call_end
+from .formats import HERMES, LLAMA3, MISTRAL, CallFormat
+from .stream import bare_call_end
 
-__all__ = ["Call", "CallFormat", "Tool", "ToolPlan", "call_format", "plan_tools", "prepare_messages"]
+__all__ = ["CallFormat", "Tool", "ToolPlan", "call_format", "call_grammar", "plan_tools", "prepare_messages"]
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 
@@ -37,10 +38,47 @@ def call_format(template: str) -> tuple[CallFormat, bool]:
     """(the family's call format, whether its template renders tools itself)."""
     native = re.search(r"\btools\b", template) is not None
     if "[TOOL_CALLS]" in template:
-        return mistral.FORMAT, native
+        return MISTRAL, native
     if "<|python_tag|>" in template or ("<|start_header_id|>" in template and native):
-        return llama3.FORMAT, native
-    return hermes.FORMAT, native and "<tool_call>" in template
+        return LLAMA3, native
+    return HERMES, native and "<tool_call>" in template
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+    def arguments_schema(self) -> dict[str, Any]:
+        """The schema a call's arguments are held to: always an object, whatever else the tool's
+        schema allows (`plan_tools` refused one whose type excludes objects; one that names no
+        type gets it here)."""
+        return {**self.parameters, "type": "object"}
+
+    def openai(self) -> dict[str, Any]:
+        """The tool as the OpenAI request spelled it (what chat templates expect)."""
+        fn = {"name": self.name, "description": self.description, "parameters": self.parameters}
+        return {"type": "function", "function": fn}
+
+
+def call_grammar(fmt: CallFormat, tools: list[Tool], parallel: bool, tok: LLTokenizer | None = None) -> str:
+    """Lark for everything after the opener: one call (or several) to the supplied tools. With the
+    model's tokenizer, tags that are special tokens are matched as those tokens."""
+    alts = " | ".join(f"call{i}" for i in range(len(tools)))
+    rules = [f"call{i}: {g.json_in_lark(call_schema(fmt, t))}" for i, t in enumerate(tools)]
+    more = f"({g.lark_literal(fmt.joiner, tok)} call)*" if parallel else ""
+    start = f"start: {g.lark_literal(fmt.call_open, tok)} call {more} {g.lark_literal(fmt.close, tok)}"
+    return "\n".join([start, f"call: {alts}", *rules])
+
+
+def call_schema(fmt: CallFormat, tool: Tool) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {"name": {"const": tool.name}, fmt.args_key: tool.arguments_schema()},
+        "required": ["name", fmt.args_key],
+        "additionalProperties": False,
+    }
 
 
 @dataclass(frozen=True)
@@ -70,7 +108,7 @@ class ToolPlan:
             self._check_schema(i, t)
         called = [t for t in self.tools if t.name == self.named] if self.named else list(self.tools)
         try:
-            lark = self.fmt.call_grammar(called, self.parallel and not self.named, llg)
+            lark = call_grammar(self.fmt, called, self.parallel and not self.named, llg)
             first = tok.constraint(lark)
         except g.GrammarError as e:
             raise bad_request(f"tools: the call grammar cannot be built: {e}", param="tools") from None
@@ -82,7 +120,7 @@ class ToolPlan:
         """A 400 naming the tool for a schema that cannot be compiled even leniently (cached per
         schema; logs each ignored keyword once)."""
         try:
-            g.compile_json_schema(t.parameters, lenient=True)
+            g.compile_json_schema(t.arguments_schema(), lenient=True)
         except g.GrammarError as e:
             what = self.schema_param.format(i=i)
             why = f"{what} is not a usable JSON schema: {e}"

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 from goinfer.runtime.decode import StepEvent
-from goinfer.serve.deltas import StopMatcher, text_deltas
+from goinfer.serve.events import StopMatcher, text_deltas
 
 
 def _events(pieces: list[str], finish: str = "stop") -> Iterator[StepEvent]:

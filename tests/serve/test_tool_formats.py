@@ -9,8 +9,9 @@ import json
 import pytest
 from fake_engine import byte_tokenizer_json
 from goinfer.runtime import grammar as g
-from goinfer.serve.deltas import Delta, Usage
-from goinfer.serve.tools import Tool, call_format, hermes, llama3, mistral
+from goinfer.serve.events import Delta, Usage
+from goinfer.serve.tools import Tool, call_format, call_grammar
+from goinfer.serve.tools.formats import HERMES, LLAMA3, MISTRAL
 from goinfer.serve.tools.stream import ToolDeltas
 
 WEATHER = Tool("get_weather", "Weather in a city", {
@@ -44,20 +45,20 @@ MISTRAL_TWO = (
 )
 
 CASES = [
-    (hermes.FORMAT, HERMES_ONE, "", [("get_weather", {"city": "Paris"})]),
-    (hermes.FORMAT, HERMES_TWO, "Let me check.\n",
+    (HERMES, HERMES_ONE, "", [("get_weather", {"city": "Paris"})]),
+    (HERMES, HERMES_TWO, "Let me check.\n",
      [("get_weather", {"city": "Paris", "unit": "c"}), ("get_time", {"tz": "Europe/Paris"})]),
-    (hermes.FORMAT, HERMES_UNWRAPPED, "", [("get_weather", {"city": "Paris"})]),
-    (hermes.FORMAT, HERMES_UNKNOWN, HERMES_UNKNOWN, []),  # a name not supplied never becomes a call
-    (hermes.FORMAT, HERMES_PROSE, HERMES_PROSE, []),
-    (hermes.FORMAT, HERMES_FENCED, "", [("get_weather", {"city": "Paris"})]),  # Qwen2.5-Coder-0.5B, auto
-    (hermes.FORMAT, CODE, CODE, []),
-    (hermes.FORMAT, HERMES_EXPLAINED, EXPLAINED, [("get_weather", {"city": "Paris"})]),
-    (hermes.FORMAT, PROSE_JSON, PROSE_JSON, []),  # a fenced object that calls no supplied tool
-    (hermes.FORMAT, PROSE_CODE, PROSE_CODE, []),
-    (llama3.FORMAT, LLAMA3_TAGGED, "", [("get_weather", {"city": "Paris"})]),
-    (llama3.FORMAT, LLAMA3_BARE, "", [("get_time", {"tz": "UTC"})]),
-    (mistral.FORMAT, MISTRAL_TWO, "", [("get_weather", {"city": "Paris"}), ("get_time", {"tz": "UTC"})]),
+    (HERMES, HERMES_UNWRAPPED, "", [("get_weather", {"city": "Paris"})]),
+    (HERMES, HERMES_UNKNOWN, HERMES_UNKNOWN, []),  # a name not supplied never becomes a call
+    (HERMES, HERMES_PROSE, HERMES_PROSE, []),
+    (HERMES, HERMES_FENCED, "", [("get_weather", {"city": "Paris"})]),  # Qwen2.5-Coder-0.5B, auto
+    (HERMES, CODE, CODE, []),
+    (HERMES, HERMES_EXPLAINED, EXPLAINED, [("get_weather", {"city": "Paris"})]),
+    (HERMES, PROSE_JSON, PROSE_JSON, []),  # a fenced object that calls no supplied tool
+    (HERMES, PROSE_CODE, PROSE_CODE, []),
+    (LLAMA3, LLAMA3_TAGGED, "", [("get_weather", {"city": "Paris"})]),
+    (LLAMA3, LLAMA3_BARE, "", [("get_time", {"tz": "UTC"})]),
+    (MISTRAL, MISTRAL_TWO, "", [("get_weather", {"city": "Paris"}), ("get_time", {"tz": "UTC"})]),
 ]  # fmt: skip
 
 
@@ -93,16 +94,16 @@ def test_prose_before_a_call_streams_before_the_call_ends():
         '"arguments": {"tz": "UTC"}}',
     ]
     deltas = iter([Delta(p) for p in pieces])
-    out = ToolDeltas(hermes.FORMAT, NAMES)(deltas)
+    out = ToolDeltas(HERMES, NAMES)(deltas)
     first = next(out)
     assert first.text == "C" and not first.tool_calls  # out before the model has finished the reply
 
 
 def test_the_template_decides_the_format():
-    assert call_format("{% if tools %}<tool_call>{% endif %}") == (hermes.FORMAT, True)
-    assert call_format("{{ messages }}") == (hermes.FORMAT, False)  # the fallback
-    assert call_format("{% for tool in tools %}[TOOL_CALLS]{% endfor %}")[0] is mistral.FORMAT
-    assert call_format("<|start_header_id|>{{ tools }}<|python_tag|>")[0] is llama3.FORMAT
+    assert call_format("{% if tools %}<tool_call>{% endif %}") == (HERMES, True)
+    assert call_format("{{ messages }}") == (HERMES, False)  # the fallback
+    assert call_format("{% for tool in tools %}[TOOL_CALLS]{% endfor %}")[0] is MISTRAL
+    assert call_format("<|start_header_id|>{{ tools }}<|python_tag|>")[0] is LLAMA3
 
 
 @pytest.fixture(scope="module")
@@ -115,17 +116,17 @@ def tok() -> g.GrammarTokenizer:
 
 @pytest.mark.parametrize(
     ("fmt", "text"),
-    [(hermes.FORMAT, HERMES_TWO), (llama3.FORMAT, LLAMA3_TAGGED), (mistral.FORMAT, MISTRAL_TWO)],
+    [(HERMES, HERMES_TWO), (LLAMA3, LLAMA3_TAGGED), (MISTRAL, MISTRAL_TWO)],
 )
 def test_the_call_grammar_accepts_what_the_splitter_reads(tok, fmt, text):
     after = text[text.index(fmt.opener) + len(fmt.opener) :]
-    m = tok.matcher(g.compile_lark(fmt.call_grammar([WEATHER, TIME], parallel=True, tok=tok.get())))
+    m = tok.matcher(g.compile_lark(call_grammar(fmt, [WEATHER, TIME], parallel=True, tok=tok.get())))
     assert m.consume_tokens(tok.get().tokenize_str(after)), m.get_error()
     assert m.is_accepting()
 
 
 def test_the_call_grammar_refuses_other_tools_and_bad_arguments(tok):
-    grammar = g.compile_lark(hermes.FORMAT.call_grammar([WEATHER], parallel=False, tok=tok.get()))
+    grammar = g.compile_lark(call_grammar(HERMES, [WEATHER], parallel=False, tok=tok.get()))
     for bad in (
         '\n{"name": "get_time", "arguments": {}}',
         '\n{"name": "get_weather", "arguments": {"unit": "k"}}',
@@ -139,20 +140,20 @@ def test_double_encoded_arguments_stream():
     for size in (1, 5, 1000):
         pieces = [text[i : i + size] for i in range(0, len(text), size)]
         deltas = [Delta(p) for p in pieces] + [Delta("", finish_reason="stop")]
-        args = "".join(t.arguments for d in ToolDeltas(hermes.FORMAT, NAMES)(deltas) for t in d.tool_calls)
+        args = "".join(t.arguments for d in ToolDeltas(HERMES, NAMES)(deltas) for t in d.tool_calls)
         assert json.loads(json.loads(args)) == {"tz": "UTC"}
 
 
 def test_a_code_reply_streams_once_it_cannot_be_a_fenced_call():
     pieces = ["``", "`py", "thon\n", "print(1)\n", "```"]
-    out = list(ToolDeltas(hermes.FORMAT, NAMES)(iter([Delta(p) for p in pieces])))
+    out = list(ToolDeltas(HERMES, NAMES)(iter([Delta(p) for p in pieces])))
     assert out[0].text == "```py"  # held only while it could still open ```json
 
 
 def test_a_fenced_call_after_prose_ends_the_reply():
     from goinfer.serve.tools import ToolPlan
 
-    plan = ToolPlan((WEATHER, TIME), "auto", None, False, hermes.FORMAT, True)
+    plan = ToolPlan((WEATHER, TIME), "auto", None, False, HERMES, True)
     end = plan.reply_end(HERMES_EXPLAINED)
     assert end is not None and HERMES_EXPLAINED[:end].endswith("}") and "After" not in HERMES_EXPLAINED[:end]
     assert plan.reply_end(PROSE_JSON) is None and plan.reply_end(EXPLAINED + "```json\n{") is None
