@@ -24,6 +24,8 @@ TREE = {"$defs": {"t": {"type": "object", "properties": {"kids": KIDS}, "require
         ({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": NONEMPTY}, "$ref": "#/$defs/a"}, "#/$defs/a"),
         ({"type": "object", "properties": {"x": False}, "required": ["x"]}, "false"),
         ({"enum": []}, "enum is empty"),
+        ({"type": "object", "enum": [1, "a", [2]]}, "no listed value"),  # a tool's arguments, so spelled
+        ({"type": "integer", "const": True}, "no listed value"),
         ({"anyOf": [{"$ref": "#"}, {"$ref": "#"}]}, "anyOf"),
         ({"type": "object", "required": ["y"], "additionalProperties": False}, "'y'"),
         ({"type": "integer", "minimum": 5, "maximum": 1}, "minimum"),
@@ -47,6 +49,7 @@ def test_a_schema_without_a_finite_instance_is_named(schema, where) -> None:
         {"properties": {"x": {"$ref": "#"}}, "required": ["x"]},  # no type: 1 satisfies it
         {"type": ["object", "null"], "properties": {"x": {"$ref": "#"}}, "required": ["x"]},  # null
         {"anyOf": [{"$ref": "#"}, {"type": "string"}]},
+        {"type": ["object", "integer"], "enum": [3.0]},
         {"type": "array", "items": {"$ref": "#"}},  # [] satisfies it
         {"$ref": "#/$defs/missing"},  # the compiler's to refuse, with its own reason
         True,
