@@ -16,10 +16,9 @@ from aiohttp import web
 
 from .errors import APIError, bad_request, openai_envelope
 from .keys import CONFIG, LOADER, REGISTRY, STARTED
-from .middleware import guards
+from .middleware import Body, guards, read_request
 from .registry import ModelSlot
 from .routes import model_entry
-from .schemas import LoadRequest, UnloadRequest, read_request
 
 PREFIX = "/admin"
 log = logging.getLogger("goinfer.serve")
@@ -33,6 +32,16 @@ def app() -> web.Application:
     sub[DRAINING] = set()
     sub.add_routes(routes)
     return sub
+
+
+class LoadRequest(Body):
+    name: str | None = None
+    path: str
+    quant: str | None = None
+
+
+class UnloadRequest(Body):
+    name: str
 
 
 @routes.post("/models/load")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
+from goinfer.runtime.config import SchedulerConfig
+
 MiB = 1 << 20
 TEXT_CAP_FLOOR = 4 * MiB  # a body that could never fit a context window is not worth reading
 BYTES_PER_CONTEXT_TOKEN = 32  # generous: JSON escapes can turn one token's text into ~30 bytes
@@ -55,7 +57,8 @@ class ServeConfig:
     port: int = 8080
     api_key: str | None = None
     max_queue: int = 8  # requests that may wait per model behind the running ones
-    max_concurrent: int = 4  # generations per model at once (the model's scheduler batches them)
+    # Generations per model at once: the scheduler's own figure (its KV cache is sized for them).
+    max_concurrent: int = SchedulerConfig.max_concurrent
     max_body_bytes: int = 0  # 0: derived per route (BodyCaps.resolve)
     allow_admin: bool = False
     unload_drain_wait_s: float = 5.0

@@ -31,9 +31,8 @@ from pydantic import Field
 from . import pipeline
 from .errors import APIError, bad_request
 from .events import Chunk, Delta, NamedEvents
-from .middleware import guards, text_body
+from .middleware import Body, guards, read_request, text_body
 from .pipeline import Job, Sampling, refused, text_of
-from .schemas import Body, read_request
 
 PREFIX = "/v1/messages"
 routes = web.RouteTableDef()

@@ -23,11 +23,14 @@ import hmac
 import logging
 import re
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
+from pydantic import BaseModel, ConfigDict, ValidationError
 from yarl import URL
 
-from .errors import APIError, Envelope
+from .config import is_loopback
+from .errors import APIError, Envelope, bad_request
 from .keys import CAPS, CONFIG
 
 log = logging.getLogger("goinfer.serve")
@@ -162,10 +165,16 @@ def _origin_key(origin: str) -> tuple[str, str, int | None] | None:
 
 
 def _same_origin(request: web.Request, origin: str) -> bool:
-    """Is `origin` scheme://Host of this request? (No Host header: not provably ours.)"""
+    """Is `origin` scheme://Host of this request? (No Host header: not provably ours.)
+
+    DNS rebinding: a page at evil.example whose name now resolves to 127.0.0.1 sends matching
+    Origin and Host headers; a server bound to loopback is its own origin only under a loopback
+    name (localhost, 127.0.0.1, [::1])."""
     host = request.headers.get("Host")
     key = _origin_key(origin)
-    return host is not None and key is not None and key == _origin_key(f"{request.scheme}://{host}")
+    if host is None or key is None or key != _origin_key(f"{request.scheme}://{host}"):
+        return False
+    return not request.config_dict[CONFIG].loopback or is_loopback(key[1])
 
 
 def _shown(origin: str) -> str:
@@ -226,3 +235,67 @@ def text_routes(app: web.Application) -> tuple[str, ...]:
 def body_cap_for(request: web.Request) -> int:
     caps = request.config_dict[CAPS]
     return caps.text if request.match_info.handler in _TEXT_ROUTES else caps.small
+
+
+# -- reading a body --------------------------------------------------------------------------------
+# Request bodies are validated by pydantic: strict types, ranges from the APIs' references. Unknown
+# fields are ignored, as clients send fields an older server does not know; fields we know but
+# cannot honour are refused by the routes (422) rather than silently dropped.
+class Body(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+
+async def read_request(request: web.Request, model: type[Body]) -> Any:
+    """The body, read under the route's cap and validated as `model`."""
+    return parse(model, await read_body(request, body_cap_for(request)))
+
+
+async def read_body(request: web.Request, cap: int) -> bytes:
+    """The body, refusing past `cap` bytes (Content-Length was checked before; this covers chunked)."""
+    parts, size = [], 0
+    while chunk := await _read(request):
+        size += len(chunk)
+        if size > cap:
+            raise APIError(
+                413, f"request body is over the {cap}-byte cap for {request.path}", code="body_too_large"
+            )
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+async def _read(request: web.Request) -> bytes:
+    try:
+        return await request.content.read(64 * 1024)
+    except web.RequestPayloadError as e:  # a body its Content-Encoding (gzip, deflate) does not decode
+        why = (str(e.__cause__ or e).strip().splitlines() or ["it does not decode"])[-1].strip()
+        raise bad_request(f"request body cannot be read: {why}", code="invalid_body") from None
+
+
+def parse(model: type[Body], body: bytes) -> Any:
+    """Validate a JSON body; the first problem becomes a 400 naming its field."""
+    if not body.strip():
+        raise bad_request("request body is empty: expected a JSON object", code="missing_body")
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as e:
+        errs = e.errors(include_url=False)
+        # Under a union, the telling error is the deepest, and one where the type matched but a
+        # constraint failed (five stop strings) over "should be a valid string".
+        err = max(errs, key=lambda x: (len(x["loc"]), not x["type"].endswith("_type")))
+        if err["type"] == "json_invalid":
+            raise bad_request(f"request body is not valid JSON: {err['msg']}", code="invalid_json") from None
+        if err["type"] == "model_type" and not err["loc"]:
+            raise bad_request("request body must be a JSON object", code="invalid_json") from None
+        # Union members repeat the path with their type names; keep the field's own path.
+        path = [str(p) for p in err["loc"] if not _is_type_tag(p)]
+        param = ".".join(path) or None
+        msg = "Input should be an object" if err["type"] == "model_type" else err["msg"]
+        raise APIError(400, f"{param}: {msg}" if param else msg, param=param) from None
+
+
+def _is_type_tag(p: object) -> bool:
+    return isinstance(p, str) and (
+        p in ("str", "int", "float", "bool")
+        or p.startswith(("list[", "dict[", "constrained-"))
+        or p[0].isupper()
+    )

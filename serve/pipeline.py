@@ -295,6 +295,8 @@ class Plan:
         """The one generation path: the engine's token events folded into client deltas."""
         confidence = self.rules.confidence
         events = logged(engine.generate(self.request, cancel), self.model)
+        if self.rules.constrained:
+            events = grammar_checked(events, self.rules)
         steps: list[StepEvent] = []
         if confidence is not None:
             events = recorded(events, steps)
@@ -348,6 +350,16 @@ async def run(request: web.Request, job: Job) -> web.StreamResponse:
     work = slot.submit(partial(plan.deltas, slot.engine), cfg.poll_s, cfg.retry_after_s)
     builder = job.reply(plan.reply())
     return await respond(request, work, builder, stream=job.stream, keepalive_s=cfg.keepalive_s)
+
+
+def grammar_checked(events: Iterator[StepEvent], rules: Rules) -> Iterator[StepEvent]:
+    """A grammar that fails past its first step (tried before the run) is still the schema's
+    fault: a 400 naming it (llguidance gives up on some schemas only once it is inside them)."""
+    try:
+        yield from events
+    except g.GrammarError as e:
+        where = "tools" if rules.tools is not None else rules.schema_param
+        raise bad_request(f"{where}: the reply's grammar cannot go on: {e}", where, "grammar_error") from None
 
 
 def logged(events: Iterator[StepEvent], model: str) -> Iterator[StepEvent]:

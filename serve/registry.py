@@ -16,7 +16,6 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from typing import TYPE_CHECKING
 
-from goinfer.runtime.grammar import GrammarError
 from goinfer.runtime.scheduler import Cancelled, KVCacheFull
 
 from .engine import Engine
@@ -65,9 +64,9 @@ class Generation:
             pass  # the client left mid-prompt: nobody is listening
         except KVCacheFull as e:
             self._post(APIError(503, str(e), code="kv_cache_full", headers={"Retry-After": "1"}))
-        except GrammarError as e:  # failed past its first step (tried before the run): the schema's fault
-            log.warning("generation stopped by its grammar: %s", e)
-            self._post(APIError(400, f"the reply's grammar cannot go on: {e}", code="grammar_error"))
+        except APIError as e:  # the request's fault, found mid-run (a grammar past its first step)
+            log.warning("generation stopped: %s", e.message)
+            self._post(e)
         except Exception as e:
             log.exception("generation failed")
             self._post(e)

@@ -25,9 +25,8 @@ from . import pipeline
 from .errors import APIError, bad_request, openai_envelope, unsupported
 from .events import Chunk, Delta, NamedEvents
 from .keys import RESPONSES
-from .middleware import text_body
+from .middleware import Body, read_request, text_body
 from .pipeline import RESPONSES_TEXT, Job, Reply, Sampling, text_of
-from .schemas import Body, read_request
 
 routes = web.RouteTableDef()
 

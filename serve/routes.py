@@ -1,24 +1,104 @@
 """The OpenAI routes: /v1/chat/completions, /v1/completions, /v1/models, and /health.
 
-A generation route reads its body (capped), validates it (schemas.py), turns it into a Job and
-hands that to the pipeline (pipeline.py), which every API shares.
+A generation route reads its body (capped, middleware.read_request), validates it against its
+schema below (ranges from OpenAI's API reference), turns it into a Job and hands that to the
+pipeline (pipeline.py), which every API shares. messages.py and responses.py hold the other APIs'
+schemas and routes the same way.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field
 
 from . import pipeline
 from .errors import bad_request, unsupported
 from .events import ChatChunks, CompletionChunks
 from .keys import REGISTRY, STARTED
-from .middleware import text_body
+from .middleware import Body, read_request, text_body
 from .pipeline import Job, Sampling, text_of
 from .registry import ModelSlot
-from .schemas import ChatMessage, ChatRequest, CompletionRequest, SamplingRequest, read_request
 
+MAX_STOPS = 4
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+
+
+# -- request bodies ----------------------------------------------------------------------------------
+class ContentPart(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow", frozen=True)
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow", frozen=True)  # templates may read more keys
+    role: Role
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+
+class StreamOptions(Body):
+    include_usage: bool = False
+
+
+class SamplingRequest(Body):
+    """The knobs both routes share."""
+
+    model: str | None = None
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    top_k: Annotated[int, Field(ge=0)] | None = None
+    min_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    seed: int | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
+    presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
+    stop: str | Annotated[list[str], Field(max_length=MAX_STOPS)] | None = None
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    n: Annotated[int, Field(ge=1)] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    response_format: dict[str, Any] | None = None
+    goinfer_confidence: bool = False  # per-field confidence of a json_schema reply
+
+    @property
+    def stops(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatRequest(SamplingRequest):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+
+
+TokenIds = list[Annotated[int, Field(ge=0)]]
+
+
+class CompletionRequest(SamplingRequest):
+    prompt: str | list[str] | TokenIds | list[TokenIds]
+    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    echo: bool = False
+    suffix: str | None = None
+    best_of: Annotated[int, Field(ge=1)] | None = None
+
+
+# -- routes --------------------------------------------------------------------------------------------
 routes = web.RouteTableDef()
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default on /v1/completions; chat gets the rest of the window
 

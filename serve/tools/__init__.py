@@ -104,8 +104,6 @@ class ToolPlan:
         """The call grammar compiled once, with the tokenizer (tags that are special tokens match
         as those tokens), its first step tried. Blocking: the tokenizer may still be building."""
         llg = tok.get()
-        for i, t in enumerate(self.tools):  # every tool shown, callable or not: same rule
-            self._check_schema(i, t)
         called = [t for t in self.tools if t.name == self.named] if self.named else list(self.tools)
         try:
             lark = call_grammar(self.fmt, called, self.parallel and not self.named, llg)
@@ -115,16 +113,6 @@ class ToolPlan:
         if self.choice == "auto":  # one request, one run: the trigger fires at most once
             return g.TriggeredConstraint(self.fmt.opener, lambda: first, tok.decode_bytes)
         return g.PrefixedConstraint(llg.tokenize_str(self.fmt.opener), first, tok.vocab_size)
-
-    def _check_schema(self, i: int, t: Tool) -> None:
-        """A 400 naming the tool for a schema that cannot be compiled even leniently (cached per
-        schema; logs each ignored keyword once)."""
-        try:
-            g.compile_json_schema(t.arguments_schema(), lenient=True)
-        except g.GrammarError as e:
-            what = self.schema_param.format(i=i)
-            why = f"{what} is not a usable JSON schema: {e}"
-            raise bad_request(why, param=what, code="invalid_schema") from None
 
     def reply_end(self, text: str) -> int | None:
         """A reply that opens with a bare call to a supplied tool ends with that call's object."""
@@ -147,6 +135,8 @@ def plan_tools(
             raise bad_request("tool_choice needs tools", param="tool_choice")
         return None
     parsed = tuple(_tool(t, i, schema_param) for i, t in enumerate(tools))
+    for i, t in enumerate(parsed):  # every tool shown, callable or not: same rule, before any prefill
+        _check_schema(t, schema_param.format(i=i))
     names = [t.name for t in parsed]
     if len(set(names)) != len(names):
         raise bad_request("tools: each function needs a distinct name", param="tools")
@@ -175,6 +165,16 @@ def _tool(t: Any, i: int, schema_param: str) -> Tool:
     if kind != "object" and not (isinstance(kind, list) and "object" in kind):
         raise bad_request(f"{what} must have type 'object': a call's arguments are an object", param=what)
     return Tool(fn["name"], str(fn.get("description") or ""), params)
+
+
+def _check_schema(t: Tool, where: str) -> None:
+    """A 400 naming the tool for a schema that cannot be compiled even leniently, or that no finite
+    JSON satisfies (compiles are cached per schema; each ignored keyword is logged once)."""
+    try:
+        g.compile_json_schema(t.arguments_schema(), lenient=True)
+    except g.GrammarError as e:
+        why = f"{where} is not a usable JSON schema: {e}"
+        raise bad_request(why, param=where, code="invalid_schema") from None
 
 
 def _choice(choice: Any, names: set[str]) -> tuple[str, str | None]:

@@ -77,6 +77,21 @@ async def test_requests_without_an_origin_and_same_origin_pages_are_served(aioht
     assert resp.status == 200  # the host compares without case
 
 
+async def test_a_rebound_name_is_not_a_loopback_servers_own_origin(aiohttp_client):
+    """DNS rebinding: evil.example resolved to 127.0.0.1 makes Origin and Host agree; a server bound
+    to loopback still refuses the page, and serves its own under loopback names."""
+    client = await client_for(aiohttp_client)
+    port = client.server.port
+    rebound = {"Origin": f"http://evil.example:{port}", "Host": f"evil.example:{port}"}
+    resp = await client.post("/v1/chat/completions", json=CHAT, headers=rebound)
+    assert resp.status == 403 and (await resp.json())["error"]["code"] == "origin_not_allowed"
+    for name in ("localhost", "127.0.0.1", "[::1]"):
+        own = {"Origin": f"http://{name}:{port}", "Host": f"{name}:{port}"}
+        assert (await client.get("/v1/models", headers=own)).status == 200, name
+    resp = await client.post("/v1/chat/completions", json=CHAT, headers={"Host": f"evil.example:{port}"})
+    assert resp.status == 200  # no Origin: not a browser page, nothing to rebind
+
+
 # -- allowed origins ---------------------------------------------------------------------------------
 async def test_an_allowed_origin_gets_cors_answers_on_replies_streams_and_errors(aiohttp_client):
     client = await client_for(aiohttp_client, cors_origins=("HTTP://App.Example:3000/",), api_key="k")

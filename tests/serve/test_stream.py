@@ -91,7 +91,8 @@ def test_a_stop_closes_the_source_generator() -> None:
 
 def test_serve_reaches_the_runtime_only_through_its_public_surface() -> None:
     """The generation's values (runtime.decode: GenerationRequest in, StepEvents out), the prompt's
-    refusal (runtime.prompt), sampling and grammar primitives, the scheduler's errors; the bundle's
+    refusal (runtime.prompt), defaults (runtime.config), sampling and grammar primitives, the
+    scheduler's errors; the bundle's
     Model only in the engine adapter. The reply (stop strings, tool calls, confidence) is built in
     serve/."""
     import ast
@@ -102,6 +103,7 @@ def test_serve_reaches_the_runtime_only_through_its_public_surface() -> None:
     surface = {
         "goinfer.runtime.decode",
         "goinfer.runtime.prompt",
+        "goinfer.runtime.config",
         "goinfer.runtime.sampler",
         "goinfer.runtime.grammar",
         "goinfer.runtime.scheduler",
