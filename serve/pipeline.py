@@ -220,7 +220,7 @@ def confidence_schema(asked: bool, fmt: Structured | None, with_tools: bool) -> 
 # -- 3. prompt ids ---------------------------------------------------------------------------------
 async def prompt_ids(slot: ModelSlot, job: Job, rules: Rules) -> list[int]:
     """The prompt's ids, tokenized off the event loop; a prompt that cannot fit the window is
-    refused before it is tokenized in full (runtime/encoding.py)."""
+    refused before it is tokenized in full (runtime/prompt.py)."""
     engine = slot.engine
     if job.messages is not None:
         messages = prepare_messages(job.messages, rules.tools, engine.info.chat_template)
