@@ -29,6 +29,7 @@ first. All of this runs on the scheduler's thread only: the cache is not thread-
 from __future__ import annotations
 
 import itertools
+import json
 import time
 import uuid
 from collections.abc import Callable
@@ -71,19 +72,28 @@ class KVPool:
         self._ids = itertools.count(1)  # 0 stays free: TVM's checkpoints go through it
         self.on_drop: Callable[[Seq], None] = lambda seq: None
 
-    # -- reuse -------------------------------------------------------------------------------
+    # -- reuse: the one rule of which tokens a later prompt may take over ---------------------------
+    def reusable(self, seq: Seq, prompt: list[int] | np.ndarray) -> int:
+        """How many of `prompt`'s leading tokens `seq` may lend it: never the last prompt token
+        (its logits start the reply); in exact mode only whole chunks a cold run computes the same
+        way (`Seq.exact`)."""
+        n = min(common_prefix(seq.tokens, np.asarray(prompt, np.int64)), len(prompt) - 1)
+        if not self.exact_only:
+            return n
+        n = min(n, seq.exact)
+        return n - n % self.chunk
+
+    def computed(self, seq: Seq, tokens: list[int]) -> None:
+        """`tokens` were just computed onto `seq` in one forward: a whole chunk of a cold run, on a
+        cold run's history, stays reusable; anything else (a decode step, a short chunk) is not."""
+        if len(tokens) == self.chunk and seq.exact == len(seq.tokens) and seq.exact % self.chunk == 0:
+            seq.exact += len(tokens)
+        seq.tokens.extend(tokens)
+
     def acquire(self, prompt: list[int]) -> tuple[Seq, int]:
         """A sequence for `prompt`, owned by the caller, holding its first `reused` tokens."""
         want = np.asarray(prompt, np.int64)
-
-        def reusable(seq: Seq) -> int:  # never the last prompt token; exact: whole cold chunks
-            n = min(common_prefix(seq.tokens, want), len(prompt) - 1)
-            if not self.exact_only:
-                return n
-            n = min(n, seq.exact)
-            return n - n % self.chunk
-
-        cands = [(reusable(s), s) for s in self.seqs.values() if not s.busy]
+        cands = [(self.reusable(s, want), s) for s in self.seqs.values() if not s.busy]
         best_len, best = max(cands, key=lambda c: c[0], default=(0, None))
         if best is None or best_len <= 0:
             return self._new([]), 0
@@ -137,7 +147,7 @@ class KVPool:
         self, tokens: list[int], metadata: str, groups: list, key: str, last_used: float, exact: int
     ) -> Seq:
         """A warm sequence from an export, as sequence 0 (one block, as it was computed). TVM's
-        import empties the cache: only into an empty pool."""
+        import empties the cache: only into an empty pool. Check it with `import_problem` first."""
         assert not self.seqs, "a checkpoint import would drop the cache's sequences"
         if not self.on_host:
             raise ValueError("KV checkpoints are imported into a CPU cache only")
@@ -145,6 +155,33 @@ class KVPool:
         seq = Seq(0, list(tokens), last_used=last_used, key=key, saved=len(tokens), exact=exact)
         self.seqs[0] = seq
         return seq
+
+    def import_problem(self, tokens: list[int], metadata: str, groups: list, layout: dict) -> str | None:
+        """Why a saved checkpoint cannot be imported into this cache, or None. TVM copies what the
+        metadata describes: every size it names must be this cache's and match the arrays given
+        (a crafted file must never steer a copy). `layout`: this model's num_layers,
+        num_kv_heads, qk_head_dim and dtype."""
+        try:
+            meta = json.loads(metadata)
+            expect = {**layout, "page_size": self.page_size, "seq_length": len(tokens)}
+            for k, v in expect.items():
+                if meta.get(k) != v:
+                    return f"KV checkpoint {k} is {meta.get(k)!r}, this cache's {v!r}"
+            pages = -(-len(tokens) // self.page_size)
+            if len(meta["groups"]) != len(groups) or not groups:
+                return "KV checkpoint groups do not match its arrays"
+            layers = 0
+            for g, data in zip(meta["groups"], groups, strict=True):
+                n = int(g["layer_end"]) - int(g["layer_begin"])
+                want = [n, pages, 2, layout["num_kv_heads"], self.page_size, layout["qk_head_dim"]]
+                if list(g["shape"]) != want or list(data.shape) != want or str(data.dtype) != layout["dtype"]:
+                    return f"KV checkpoint group {g['group_index']} is not this cache's layout"
+                layers += n
+            if layers != layout["num_layers"]:
+                return "KV checkpoint groups do not cover every layer"
+        except (ValueError, KeyError, TypeError) as e:
+            return f"KV checkpoint metadata is malformed ({e})"
+        return None
 
     def new_warm(self, key: str, last_used: float) -> Seq:
         """An empty sequence that a restored session's ids are fed into, then left warm."""

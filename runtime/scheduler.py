@@ -42,6 +42,7 @@ from .config import SchedulerConfig
 from .decode import Detokenizer, GenerationRequest, StepEvent, generate_events
 from .kv_pool import KVPool, Seq
 from .session_files import SessionFiles
+from .session_store import SavedSession
 
 log = logging.getLogger("goinfer.runtime")
 
@@ -123,8 +124,8 @@ class Scheduler:
             SessionFiles(config.session_dir, model.bundle.header_sha256) if config.session_dir else None
         )
         if self.sessions is not None:
-            self.pool.on_drop = self.sessions.forget
-            self.sessions.restore(self)
+            self.pool.on_drop = lambda seq: self.sessions.forget(seq.key)
+            self._restore()
         self._cond = threading.Condition()
         self._prefills: deque[Session] = deque()
         self._decodes: list[tuple[Session, int]] = []
@@ -222,7 +223,9 @@ class Scheduler:
             self._cond.notify()
         self._thread.join(timeout=10)
         if self.sessions is not None:  # what is warm now, with its KV, before the process goes
-            self.sessions.save_all(self.pool)
+            # sequence 0 first: the others' exports go through it (KVPool.export)
+            for seq in sorted((q for q in self.pool.seqs.values() if not q.busy), key=lambda q: q.id != 0):
+                self._save(seq, with_kv=True)
             self.sessions.close()
 
     def stats(self) -> dict[str, int]:
@@ -240,6 +243,88 @@ class Scheduler:
             "pages_free": free,
             "page_size": pool.page_size,
         }
+
+    # -- sessions on disk (--session-dir) ----------------------------------------------------
+    def _save(self, seq: Seq, with_kv: bool = False) -> None:
+        """Write `seq`'s session: its ids after a request (cheap: a crash loses only KV that can be
+        recomputed), its KV too at shutdown (exporting splits the sequence: KVPool.export)."""
+        assert self.sessions is not None
+        if len(seq.tokens) <= seq.saved and not with_kv:
+            return
+        kv = None
+        if with_kv:
+            try:
+                kv = self.pool.export(seq)
+            except Exception as e:  # a session not saved must not fail anything around it
+                log.warning("could not export session %s: %s", seq.key, e)
+        meta, groups = kv or (None, [])
+        saved = SavedSession(
+            seq.key, list(seq.tokens), seq.last_used, seq.exact, meta, tuple(groups), self.chunk
+        )
+        seq.saved = len(seq.tokens)
+        self.sessions.write(saved)
+
+    def _restore(self) -> None:
+        """(before the thread starts) The newest saved sessions, warm in the pool again, each checked
+        whole before it touches the model. TVM's import empties the cache, so one session (the
+        newest with its KV) comes back by import, exactly as it was; the others are fed again from
+        their ids in a cold run's chunks (so they are exact too). A model whose cache TVM cannot
+        export (sliding-window layers: Gemma 3) saves ids only, and all its sessions are fed again."""
+        assert self.sessions is not None
+        keep = []
+        for saved in self.sessions.load_all():
+            why = self._refusal(saved)
+            if why is not None:
+                self.sessions.set_aside(saved.key, why)
+            elif len(keep) < self.config.kv_sessions:
+                keep.append(saved)
+        if not keep:
+            return
+        t0, imported, fed = time.perf_counter(), 0, 0
+        first = next((s for s in keep if s.kv_metadata is not None), None)
+        if first is not None:
+            try:
+                exact = first.exact if first.chunk == self.chunk else 0  # cut otherwise: not a cold run's
+                self.pool.adopt_import(first.tokens, first.kv_metadata, list(first.kv_groups), first.key,
+                                       first.last_used, exact)  # fmt: skip
+                imported = 1
+            except Exception as e:  # checked, yet TVM refused it: fed again from its ids instead
+                log.warning("session %s: KV import refused (%s); feeding its ids again", first.key, e)
+                first = None
+        for s in keep:
+            if s is first:
+                continue
+            if not self.pool.make_room(self.pool.pages_for(Seq(-1), len(s.tokens)) + 1):
+                break  # the rest would not fit the cache
+            seq = self.pool.new_warm(s.key, s.last_used)
+            for at in range(0, len(s.tokens), self.chunk):  # a cold run's chunks
+                piece = s.tokens[at : at + self.chunk]
+                self.model.run(self.pool.kv, [seq.id], [piece])
+                self.pool.computed(seq, piece)
+            seq.busy, seq.saved = False, len(seq.tokens)
+            fed += 1
+        log.info("restored %d sessions from %s in %.1fs (%d by KV import, %d fed again from their ids)",
+                 imported + fed, self.sessions.folder, time.perf_counter() - t0, imported, fed)  # fmt: skip
+
+    def _refusal(self, s: SavedSession) -> str | None:
+        """Why a saved session must not touch this model, or None. The file's checksum only says it
+        is the file we wrote: its contents still decide what reaches the kernels."""
+        m, n = self.model, len(s.tokens)
+        if not 0 < n < m.context_length:
+            return f"{n} tokens, outside 1..{m.context_length - 1} (the context window)"
+        if n > self.capacity:
+            return f"{n} tokens, over the KV cache's {self.capacity}"
+        ids = np.asarray(s.tokens, np.int64)
+        if ids.min() < 0 or ids.max() >= m.spec.vocab_size:
+            bad = int(ids.min() if ids.min() < 0 else ids.max())
+            return f"token id {bad} is outside the vocabulary (size {m.spec.vocab_size})"
+        if not 0 <= s.exact <= n or (s.chunk and s.exact % s.chunk):
+            return f"{s.exact} exact tokens of {n} are not whole prefill chunks of {s.chunk}"
+        if s.kv_metadata is not None:
+            layout = {"num_layers": m.spec.num_layers, "num_kv_heads": m.spec.num_kv_heads,
+                      "qk_head_dim": m.spec.head_dim, "dtype": m.manifest.kv_cache.dtype}  # fmt: skip
+            return self.pool.import_problem(s.tokens, s.kv_metadata, list(s.kv_groups), layout)
+        return None
 
     # -- the scheduler's thread ------------------------------------------------------------
     def _loop(self) -> None:
@@ -309,7 +394,7 @@ class Scheduler:
         if seq is not None and seq.id in self.pool.seqs:
             self.pool.release(seq)
             if self.sessions is not None and seq.id in self.pool.seqs:
-                self.sessions.save(self.pool, seq)
+                self._save(seq)
 
     def _room(self, needs: list[tuple[Seq, int]]) -> bool:
         pages = sum(self.pool.pages_for(seq, n) for seq, n in needs) + 1
@@ -353,6 +438,7 @@ class Scheduler:
         self._decoding.discard(s)
         with self._cond:
             self._prefills.appendleft(s)
+            self._blocked = False  # its pages are free now: the head prompt may fit
 
     def _prefill_step(self, s: Session) -> None:
         if s.cancel.is_set():
@@ -363,7 +449,8 @@ class Scheduler:
             if s.pending is s.prompt:
                 s.cached = reused
         chunk = s.pending[s.fed : s.fed + self.chunk]
-        if not self._room([(s.seq, len(chunk))]):
+        need = [(s.seq, len(chunk))]
+        if not self._room(need) and not (self._unfeed_others(s) and self._room(need)):
             if self._decoding:
                 self._blocked = True  # running generations hold the pages; they free them as they end
                 return
@@ -377,14 +464,23 @@ class Scheduler:
             logits = self.model.run(self.pool.kv, [s.seq.id], [chunk])
         except Exception as e:
             return self._end_prefill(s, error=e)
-        seq = s.seq
-        if len(chunk) == self.chunk and seq.exact == len(seq.tokens) and seq.exact % self.chunk == 0:
-            seq.exact += len(chunk)  # a whole chunk of a cold run, on a cold run's history: reusable
-        seq.tokens.extend(chunk)
+        self.pool.computed(s.seq, chunk)
         s.fed += len(chunk)
         if s.fed == len(s.pending):
             self._decoding.add(s)
             self._end_prefill(s, result=logits[-1])
+
+    def _unfeed_others(self, head: Session) -> bool:
+        """Free the pages of prompts waiting behind `head` half fed (a preempted generation put back
+        in front of one mid-prompt): they are fed again from their start when their turn comes.
+        Without this, both wait for pages the other holds. Whether any were freed."""
+        with self._cond:
+            others = [w for w in self._prefills if w is not head and w.seq is not None]
+        for w in others:
+            if w.seq.id in self.pool.seqs:
+                self.pool.drop(w.seq)
+            w.seq, w.fed = None, 0
+        return bool(others)
 
     def _end_prefill(
         self, s: Session, result: np.ndarray | None = None, error: BaseException | None = None

@@ -8,7 +8,7 @@ A session file holds a warm sequence's token ids and, where TVM can export it, i
 
 The header names the bundle (its header sha256, which commits to every blob), the token count,
 when the session was last used, how many leading tokens are exact (as a cold run computes them:
-KVPool), and the KV checkpoint's metadata (null when only ids are kept).
+KVPool) and in which prefill chunk, and the KV checkpoint's metadata (null when only ids are kept).
 A file is written to a temporary name, flushed to disk and renamed over the old one, so a crash
 leaves the old file or the new one, never half of one. On reading, anything that is not exactly
 such a file for this bundle (torn, truncated, edited, another bundle's, another format) is
@@ -43,6 +43,7 @@ class SavedSession:
     exact: int = 0  # leading tokens computed as a cold run computes them (Seq.exact)
     kv_metadata: str | None = None  # TVM's checkpoint JSON; None: ids only (re-prefilled)
     kv_groups: tuple[np.ndarray, ...] = ()  # one array per group, as the metadata describes
+    chunk: int = 0  # the prefill chunk `exact` counts in (another chunk: nothing is exact)
 
 
 def folder(root: str | Path, bundle_id: str) -> Path:
@@ -59,6 +60,7 @@ def save(root: str | Path, bundle_id: str, s: SavedSession) -> Path:
             "tokens": len(s.tokens),
             "last_used": s.last_used,
             "exact": s.exact if s.kv_metadata is not None else 0,
+            "chunk": s.chunk,
             "kv": s.kv_metadata,
             "groups": [[str(g.dtype), list(g.shape)] for g in s.kv_groups],
         }
@@ -99,6 +101,7 @@ def load(path: str | Path, bundle_id: str) -> SavedSession:
         at = start + n
         count = int(header["tokens"])
         last_used, exact = float(header["last_used"]), int(header["exact"])
+        chunk = int(header.get("chunk", 0))
         tokens = np.frombuffer(body, np.int32, count, at).tolist()
         at += 4 * count
         groups = []
@@ -112,7 +115,7 @@ def load(path: str | Path, bundle_id: str) -> SavedSession:
         raise SessionFileError(f"malformed header or body ({e})") from None
     if at != len(body):
         raise SessionFileError(f"{len(body) - at} bytes past the described content")
-    return SavedSession(Path(path).stem, tokens, last_used, exact, header["kv"], tuple(groups))
+    return SavedSession(Path(path).stem, tokens, last_used, exact, header["kv"], tuple(groups), chunk)
 
 
 def remove(root: str | Path, bundle_id: str, key: str) -> None:

@@ -285,3 +285,61 @@ def test_longest_prefix_reuse_takes_the_whole_shared_prefix(model: Model) -> Non
     finally:
         sched.stop()
         cold.stop()
+
+
+def test_a_decode_step_short_of_pages_preempts_the_youngest(model: Model, caplog) -> None:
+    """Two generations that cannot both fit: the younger is preempted at the step that runs out of
+    pages and recomputed from its tokens as a prompt; both finish in full. (Gemma's 3-token chunks
+    once deadlocked here: the elder, preempted in turn while the younger was half fed again,
+    waited on pages the younger held, and the younger on the elder.)"""
+    m, page = model, model.manifest.kv_cache.page_size
+    # room for about one sequence's whole run: each prompt fits, both together do not finish
+    sched = Scheduler(m, SchedulerConfig(max_concurrent=2, kv_sessions=0, kv_tokens=3 * page, batch="off"))
+    params = SamplingParams(temperature=0.0, max_tokens=2 * page)
+    prompts = [_ids(m.spec.vocab_size, page // 2, 30 + i) for i in range(2)]
+    out: dict[int, list] = {}
+    started = threading.Barrier(2)
+
+    def run(i: int) -> None:
+        started.wait()
+        out[i] = list(sched.generate(GenerationRequest(prompts[i], params)))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    try:
+        with caplog.at_level("INFO", logger="goinfer.runtime"):
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+        assert any("preempting" in r.getMessage() for r in caplog.records)
+        assert sorted(out) == [0, 1], (
+            "both generations finish (a preempted one waited for pages, never forever)"
+        )
+        for events in out.values():
+            assert events[-1].finish_reason in ("stop", "length")
+            n = sum(e.token_id is not None for e in events)
+            assert n == 2 * page or events[-1].finish_reason == "stop"
+    finally:
+        sched.stop()
+
+
+def test_the_batching_probe_measures_then_frees_its_sequences(model: Model) -> None:
+    """--cpu-batch auto: two sequences' steps are timed alone and batched; the pool is left empty
+    and the choice follows the measurement. A scheduler of one generation never probes."""
+    from goinfer.runtime.scheduler import BATCH_GAIN
+
+    auto = Scheduler(model, SchedulerConfig(max_concurrent=2, kv_sessions=0, batch="auto"))
+    try:
+        assert auto.probe is not None and all(t > 0 for t in auto.probe)
+        assert auto.batch == (auto.probe[1] <= BATCH_GAIN * auto.probe[0])
+        assert auto.pool.seqs == {}
+        events = list(auto.generate(GenerationRequest(_ids(model.spec.vocab_size, 10, 40), GREEDY)))
+        assert events[-1].finish_reason in ("stop", "length")
+    finally:
+        auto.stop()
+    for config in (SchedulerConfig(max_concurrent=1, batch="auto"), SchedulerConfig(batch="on")):
+        s = Scheduler(model, config)
+        try:
+            assert s.probe is None and s.batch == (config.batch == "on")
+        finally:
+            s.stop()

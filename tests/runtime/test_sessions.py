@@ -1,7 +1,9 @@
-"""--session-dir: warm sessions survive a restart, exactly; a torn or foreign file is refused."""
+"""--session-dir: warm sessions survive a restart, exactly; a torn, foreign or crafted file is
+refused with one log line and moved aside, never loaded, never a crash."""
 
 from __future__ import annotations
 
+import json
 import logging
 
 import numpy as np
@@ -29,7 +31,7 @@ def _tokens(events) -> tuple[list[int], int]:
     return [e.token_id for e in events if e.token_id is not None], events[-1].timings["cached_tokens"]
 
 
-def test_sessions_survive_a_restart(model: Model, tmp_path) -> None:
+def test_sessions_survive_a_restart(model: Model, tmp_path, caplog) -> None:
     m, vocab = model, model.spec.vocab_size
     config = SchedulerConfig(kv_sessions=4, session_dir=str(tmp_path), prefill_chunk=8)
     cold = Scheduler(m, SchedulerConfig(kv_sessions=0, prefill_chunk=8))
@@ -46,7 +48,16 @@ def test_sessions_survive_a_restart(model: Model, tmp_path) -> None:
     exportable = not any(m.spec.sliding_layers)  # at shutdown: the KV too, where TVM exports it
     assert all((s.kv_metadata is not None) == exportable for s in saved)
 
-    again = Scheduler(m, config)  # a restart: both conversations warm again, before any request
+    with caplog.at_level(logging.INFO, logger="goinfer.runtime"):
+        again = Scheduler(m, config)  # a restart: both conversations warm again, before any request
+    (line,) = [r.getMessage() for r in caplog.records if "restored" in r.getMessage()]
+    # the newest session with its KV comes back by import (the others are fed again: TVM's import
+    # empties the cache); a model TVM cannot export feeds them all
+    assert f"({int(exportable)} by KV import, {2 - int(exportable)} fed again" in line, line
+    assert not [r for r in caplog.records if "refused" in r.getMessage()]
+    if exportable:
+        imported = again.pool.seqs[0]
+        assert imported.exact == imported.exact - imported.exact % again.chunk > 0
     try:
         warm = {len(s.tokens): s.exact for s in again.pool.seqs.values()}
         assert sorted(warm) == sorted(len(t) + len(r) - 1 for t, r in zip(turns, replies, strict=True))
@@ -88,5 +99,106 @@ def test_a_damaged_session_file_is_refused_never_loaded(model: Model, tmp_path, 
     try:
         assert restarted.pool.seqs == {}
         assert any("refused" in r.message for r in caplog.records)
+    finally:
+        restarted.stop()
+
+
+def _crafted(m: Model, tmp_path, **change) -> None:
+    """A session file with a valid checksum whose contents lie: what a bug, or a hand, could write."""
+    config = SchedulerConfig(kv_sessions=4, session_dir=str(tmp_path), prefill_chunk=8)
+    s = Scheduler(m, config)
+    list(s.generate(GenerationRequest(_ids(m.spec.vocab_size, 40, 4), GREEDY)))
+    s.stop()  # saved with its KV where TVM exports it
+    (path,) = store.listing(tmp_path, m.bundle.header_sha256)
+    saved = store.load(path, m.bundle.header_sha256)
+    fields = {f: getattr(saved, f) for f in saved.__dataclass_fields__}
+    if "meta" in change:
+        meta = json.loads(saved.kv_metadata)
+        meta.update(change.pop("meta"))
+        fields["kv_metadata"] = json.dumps(meta)
+    fields.update(change)
+    store.save(tmp_path, m.bundle.header_sha256, store.SavedSession(**fields))
+
+
+CRAFTED = {  # any family
+    "ids past the vocabulary": lambda m: {"tokens": [1, 2, 3] + [10**8] * 200 + [-5] * 10},  # issue 33
+    "a negative id": lambda m: {"tokens": [5] * 39 + [-5]},
+    "empty": lambda m: {"tokens": [], "kv_metadata": None, "kv_groups": (), "exact": 0},
+    "the whole window": lambda m: {"tokens": [5] * m.context_length, "kv_metadata": None, "kv_groups": ()},
+}
+KV_CRAFTED = {  # a session saved with its KV (llama: TVM exports its cache)
+    "exact past its tokens": {"exact": 400},
+    "exact mid-chunk": {"exact": 13},
+    "KV of another length": {"meta": {"seq_length": 16}},
+    "KV pages of another size": {"meta": {"page_size": 8}},
+    "KV of another dtype": {"meta": {"dtype": "float16"}},
+    "KV metadata not JSON": {"kv_metadata": "{not json"},
+    "KV groups missing": {"kv_groups": ()},
+}
+
+
+@pytest.mark.parametrize("case", sorted(CRAFTED))
+def test_a_crafted_session_is_refused_and_moved_aside(model: Model, tmp_path, caplog, case: str) -> None:
+    _crafted(model, tmp_path, **CRAFTED[case](model))
+    _refused_at_start(model, tmp_path, caplog)
+
+
+@pytest.mark.parametrize("case", sorted(KV_CRAFTED))
+def test_a_crafted_kv_checkpoint_is_refused_and_moved_aside(tiny_bundle, tmp_path, caplog, case: str) -> None:
+    m = Model.load(tiny_bundle("llama", "f32"), self_test=False)
+    _crafted(m, tmp_path, **dict(KV_CRAFTED[case]))
+    assert store.load(
+        store.listing(tmp_path, m.bundle.header_sha256)[0], m.bundle.header_sha256
+    ).kv_groups or (case == "KV groups missing")
+    _refused_at_start(m, tmp_path, caplog)
+
+
+def _refused_at_start(m: Model, tmp_path, caplog) -> None:
+    config = SchedulerConfig(kv_sessions=4, session_dir=str(tmp_path), prefill_chunk=8)
+    with caplog.at_level(logging.WARNING, logger="goinfer.runtime"):
+        restarted = Scheduler(m, config)
+    try:
+        assert restarted.pool.seqs == {}, "a refused session never reaches the cache"
+        (line,) = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+        assert "moved aside" in line
+        assert store.listing(tmp_path, m.bundle.header_sha256) == []
+        assert len(list(store.folder(tmp_path, m.bundle.header_sha256).glob("*.refused"))) == 1
+        # and the model still serves
+        events = list(restarted.generate(GenerationRequest(_ids(m.spec.vocab_size, 12, 9), GREEDY)))
+        assert events[-1].finish_reason in ("stop", "length")
+    finally:
+        restarted.stop()
+
+
+def test_a_save_killed_midway_leaves_the_last_good_file(model: Model, tmp_path) -> None:
+    """kill -9 during a save: the temporary file is half written; the session's last good file
+    is what loads, and the leftover is cleared."""
+    m = model
+    config = SchedulerConfig(kv_sessions=4, session_dir=str(tmp_path), prefill_chunk=8)
+    s = Scheduler(m, config)
+    list(s.generate(GenerationRequest(_ids(m.spec.vocab_size, 30, 6), GREEDY)))
+    s.stop()
+    (path,) = store.listing(tmp_path, m.bundle.header_sha256)
+    torn = path.with_name(f".{path.name}.tmp")
+    torn.write_bytes(path.read_bytes()[: path.stat().st_size // 3])
+    restarted = Scheduler(m, config)
+    try:
+        assert len(restarted.pool.seqs) == 1 and not torn.exists()
+    finally:
+        restarted.stop()
+
+
+def test_a_session_cut_in_another_chunk_is_restored_but_not_exact(tiny_bundle, tmp_path) -> None:
+    """--prefill-chunk changed across a restart: the KV is a cold run's under the old cuts only, so
+    nothing of it counts as exact (it may still serve --prefix-reuse longest)."""
+    m = Model.load(tiny_bundle("llama", "f32"), self_test=False)
+    old = SchedulerConfig(kv_sessions=4, session_dir=str(tmp_path), prefill_chunk=8)
+    s = Scheduler(m, old)
+    list(s.generate(GenerationRequest(_ids(m.spec.vocab_size, 40, 7), GREEDY)))
+    s.stop()
+    restarted = Scheduler(m, SchedulerConfig(kv_sessions=4, session_dir=str(tmp_path), prefill_chunk=16))
+    try:
+        (seq,) = restarted.pool.seqs.values()
+        assert seq.id == 0 and seq.exact == 0 and len(seq.tokens) > 40
     finally:
         restarted.stop()
