@@ -96,15 +96,16 @@ class KVPool:
         cands = [(self.reusable(s, want), s) for s in self.seqs.values() if not s.busy]
         best_len, best = max(cands, key=lambda c: c[0], default=(0, None))
         if best is None or best_len <= 0:
-            return self._new([]), 0
+            return self.new(), 0
         rt.pop_tokens(self.kv, best.id, len(best.tokens) - best_len)
         del best.tokens[best_len:]
         exact = min(best.exact, best_len)
         best.busy, best.exact = True, exact - exact % self.chunk
         return best, best_len
 
-    def _new(self, tokens: list[int]) -> Seq:
-        seq = Seq(next(self._ids), tokens, busy=True)
+    def new(self) -> Seq:
+        """An empty sequence, owned by the caller."""
+        seq = Seq(next(self._ids), [], busy=True)
         rt.add_sequence(self.kv, seq.id)
         self.seqs[seq.id] = seq
         return seq
@@ -185,7 +186,7 @@ class KVPool:
 
     def new_warm(self, key: str, last_used: float) -> Seq:
         """An empty sequence that a restored session's ids are fed into, then left warm."""
-        seq = self._new([])
+        seq = self.new()
         seq.key, seq.last_used = key, last_used
         return seq
 

@@ -143,7 +143,7 @@ class Scheduler:
         for both, on this machine and model, and batch if that is faster by BATCH_GAIN or more."""
         if self.config.max_concurrent < 2 or self.model.prefill_chunk < 2:
             return False
-        seqs = [self.pool._new([]) for _ in range(2)]
+        seqs = [self.pool.new() for _ in range(2)]
         kv, ids = self.pool.kv, [q.id for q in seqs]
         try:
             for q in seqs:  # a little context, as a real step has
