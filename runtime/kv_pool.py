@@ -117,10 +117,12 @@ class KVPool:
         for s in warm[: max(0, len(warm) - self.warm_limit)]:
             self.drop(s)
 
-    def drop(self, seq: Seq) -> None:
+    def drop(self, seq: Seq, forget: bool = True) -> None:
+        """Free `seq`; `forget` tells the session files it is gone (not when it was just saved)."""
         rt.remove_sequence(self.kv, seq.id)
         del self.seqs[seq.id]
-        self.on_drop(seq)
+        if forget:
+            self.on_drop(seq)
 
     # -- checkpoints (sessions on disk) ------------------------------------------------------
     # TVM exports and imports sequence 0 only. A fork to 0 for the export would split the
@@ -131,8 +133,8 @@ class KVPool:
         if not self.on_host:
             return None
         if seq.id != 0:
-            if 0 in self.seqs:
-                self.drop(self.seqs[0])
+            if 0 in self.seqs:  # saved first (Scheduler.stop): its file stays
+                self.drop(self.seqs[0], forget=False)
             if not self.make_room(1):
                 return None
             rt.fork_sequence(self.kv, seq.id, 0, len(seq.tokens))

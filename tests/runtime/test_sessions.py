@@ -170,6 +170,22 @@ def _refused_at_start(m: Model, tmp_path, caplog) -> None:
         restarted.stop()
 
 
+def test_sessions_survive_two_restarts(model: Model, tmp_path) -> None:
+    """The session imported at one start is still on disk after the next stop (exporting the others
+    goes through its sequence, which once deleted its file)."""
+    m, vocab = model, model.spec.vocab_size
+    config = SchedulerConfig(kv_sessions=4, session_dir=str(tmp_path), prefill_chunk=8)
+    s = Scheduler(m, config)
+    for seed in (11, 12, 13):
+        list(s.generate(GenerationRequest(_ids(vocab, 20, seed), GREEDY)))
+    s.stop()
+    for _ in range(2):
+        s = Scheduler(m, config)
+        assert len(s.pool.seqs) == 3
+        s.stop()
+        assert len(store.listing(tmp_path, m.bundle.header_sha256)) == 3
+
+
 def test_a_save_killed_midway_leaves_the_last_good_file(model: Model, tmp_path) -> None:
     """kill -9 during a save: the temporary file is half written; the session's last good file
     is what loads, and the leftover is cleared."""
