@@ -6,14 +6,17 @@ drives the Relax VM through the packed functions the library registers. It is no
 cuda.py (the CUDA door) loads TVM's CUDA runtime beside it and calls tvm_ffi itself, and model.py,
 kv_pool.py, selftest.py and gpu_selftest.py call through this module; none of them imports the tvm
 package. A compiler in the same process (a build, the tests) imports tvm as usual; both then share
-the one loaded runtime library.
+the one loaded runtime library. One builtin is replaced, the paged KV cache's constructor, by a
+wrapper that lets export_sequence and import_sequence reach the cache's pages (see there).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import json
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -83,6 +86,12 @@ _end_forward = tvm_ffi.get_global_func("vm.builtin.kv_state_end_forward")
 _popn = tvm_ffi.get_global_func("vm.builtin.kv_state_popn")
 _fork = tvm_ffi.get_global_func("vm.builtin.kv_state_fork_sequence")
 _available_pages = tvm_ffi.get_global_func("vm.builtin.attention_kv_cache_get_num_available_pages")
+_sequence_length = tvm_ffi.get_global_func("vm.builtin.attention_kv_cache_get_sequence_length")
+_layout_hash = tvm_ffi.get_global_func("vm.builtin.attention_kv_cache_get_layout_hash")
+_debug_get_kv = tvm_ffi.get_global_func("vm.builtin.attention_kv_cache_debug_get_kv")
+_commit_tree = tvm_ffi.get_global_func("vm.builtin.attention_kv_cache_commit_accepted_token_tree_nodes")
+_query_positions = tvm_ffi.get_global_func("vm.builtin.attention_kv_cache_get_query_positions")
+_reserve_slots = tvm_ffi.get_global_func("vm.builtin.kv_cache_disagg_prepare_recv")
 _checkpoint = {
     name: tvm_ffi.get_global_func(f"vm.builtin.attention_kv_cache_{name}")
     for name in (
@@ -93,6 +102,64 @@ _checkpoint = {
         "finish_import",
     )
 }
+
+
+# -- the cache's page tensors (export_sequence, import_sequence) -----------------------------------
+# TVM never hands out a cache's page tensors, but it passes them, one layer at a time, to the
+# kernels the cache was created with. So the constructor builtin is wrapped (before any VM looks it
+# up: the VM resolves builtins when it is initialized): two of the kernels it is given, which no
+# forward pass calls, go to the cache as Python functions that note their arguments while a
+# capture is on and run the real kernel otherwise. Their places among the constructor's 28
+# arguments are TVM 0.27's (paged_kv_cache.cc, "vm.builtin.paged_attention_kv_cache_create").
+_CREATE_CACHE = "vm.builtin.paged_attention_kv_cache_create"
+_create_cache = tvm_ffi.get_global_func(_CREATE_CACHE)
+_DEBUG_GET_KV_ARG = 26  # f_debug_get_kv(pages, position_map, k, v, layer): DebugGetKV only
+_COMPACT_COPY_ARG = 27  # f_compact_copy(pages, ...): a token tree's commit only
+_ATTN_KINDS = ("mha", "mla", "linear", "mha_sliding")  # AttnKind's values, as TVM names them
+
+
+class _Capture(threading.local):
+    active = False
+    pages: list
+    positions: np.ndarray | None
+    attn_kinds: tuple[str, ...]
+
+
+_capture = _Capture()
+
+
+@contextlib.contextmanager
+def _capturing():
+    _capture.active, _capture.pages, _capture.positions, _capture.attn_kinds = True, [], None, ()
+    try:
+        yield _capture
+    finally:
+        _capture.active = False
+
+
+def _recorder(kernel, attn_kinds: tuple[str, ...], positions: bool):
+    def run(*args):
+        if not _capture.active:
+            return kernel(*args)
+        _capture.pages.append(args[0])  # called layer by layer, in order
+        _capture.attn_kinds = attn_kinds
+        if positions:  # a fresh tensor, freed when the call returns
+            _capture.positions = np.from_dlpack(args[1]).copy()
+        return None
+
+    return tvm_ffi.convert(run)
+
+
+def _create_recording_cache(*args):
+    args = list(args)
+    if len(args) in (28, 29):  # TVM 0.27's two forms (the 29th, last, is unused)
+        kinds = tuple(dict(enumerate(_ATTN_KINDS)).get(int(k), str(k)) for k in args[6])
+        args[_DEBUG_GET_KV_ARG] = _recorder(args[_DEBUG_GET_KV_ARG], kinds, positions=True)
+        args[_COMPACT_COPY_ARG] = _recorder(args[_COMPACT_COPY_ARG], kinds, positions=False)
+    return _create_cache(*args)
+
+
+tvm_ffi.register_global_func(_CREATE_CACHE, _create_recording_cache, override=True)
 
 
 _CUDA_DEVICE_TYPE = 2  # kDLCUDA
@@ -126,11 +193,17 @@ def data_pointer(t) -> int:
     return int(t.data_ptr())
 
 
+def _aligned_empty(shape, dtype) -> np.ndarray:
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    raw = np.empty(nbytes + _ALIGN, np.uint8)
+    start = -raw.ctypes.data % _ALIGN
+    return raw[start : start + nbytes].view(dtype).reshape(shape)
+
+
 def _aligned_copy(values, dtype) -> np.ndarray:
     src = np.asarray(values, dtype=dtype)
-    raw = np.empty(src.nbytes + _ALIGN, np.uint8)
-    start = -raw.ctypes.data % _ALIGN
-    out = raw[start : start + src.nbytes].view(src.dtype).reshape(src.shape)
+    out = _aligned_empty(src.shape, src.dtype)
     out[...] = src
     return out
 
@@ -192,7 +265,8 @@ def available_pages(kv) -> int:
     return int(_available_pages(kv))
 
 
-# TVM's KV checkpoint works on sequence 0 only, and importing one empties the whole cache.
+# TVM's KV checkpoint works on sequence 0 only, and importing one empties the whole cache
+# (export_sequence and import_sequence, below, work on any sequence).
 def export_sequence0(kv) -> tuple[str, list[np.ndarray]]:
     """Sequence 0's KV: TVM's checkpoint metadata (JSON) and one array per layer group. Raises
     where TVM cannot export the cache (sliding-window layers)."""
@@ -211,6 +285,254 @@ def import_sequence0(kv, metadata: str, groups: list[np.ndarray]) -> None:
     for g, data in zip(json.loads(metadata)["groups"], groups, strict=True):
         _checkpoint["import_page_group"](kv, 0, g["group_index"], tensor(data))
     _checkpoint["finish_import"](kv, 0)
+
+
+# -- any sequence's KV, the others untouched --------------------------------------------------
+# TVM 0.27's checkpoint refuses every sequence but 0 and its import starts with Clear()
+# (paged_kv_cache.cc: CheckCheckpointSequenceState, PrepareImport). These copy the pages
+# themselves, in the checkpoint's format (one array per layer, (1, pages, 2, kv_heads, page_size,
+# head_dim)), so either side reads the other's files. What they need from TVM:
+# * where a sequence's new tokens go: kv_cache_disagg_prepare_recv is BeginForward for one
+#   sequence that returns the slots it reserved (any sequence, any layer kind, no transfer needed);
+# * where a sequence's tokens are: DebugGetKV passes their slots to f_debug_get_kv (full-attention
+#   layers only; otherwise see _slots_by_round_trip);
+# * the page tensors themselves: the recorders above.
+_SCRATCH_SEQ = 1 << 62  # the page capture's sequence: an id no caller uses
+_GROUP_LAYOUT = "1,num_logical_pages,2,num_kv_heads,page_size,qk_head_dim"  # TVM's, checkpoint v1
+
+
+def _page_tensors(kv) -> tuple[list[np.ndarray], tuple[str, ...]]:
+    """Every layer's pages, (num_pages, 2, kv_heads, page_size, head_dim) views of the cache's own
+    memory, and its layers' attention kinds. A token tree of two roots on a scratch sequence,
+    committed to its second node, makes the cache call its compact-copy kernel on every layer
+    (CommitAcceptedTokenTreeNodes -> CompactKVCopy); the recorder notes the pages and copies
+    nothing. The commit reads the forward's offsets from the arrays an attention call syncs
+    (SyncAuxArrayToDevice), and no attention runs here: get_query_positions syncs them. Takes
+    one free page while it runs."""
+    if available_pages(kv) < 1:
+        raise ValueError("the KV cache has no free page (copying a sequence's KV in or out takes one)")
+    ids = _shape((_SCRATCH_SEQ,))
+    _add_sequence(kv, _SCRATCH_SEQ)
+    try:
+        _begin_forward(kv, ids, _shape((2,)), _shape((-1, -1)))
+        _query_positions(kv)  # syncs the forward's aux arrays, which the commit indexes
+        _end_forward(kv)
+        with _capturing() as cap:
+            _commit_tree(kv, ids, _shape((1,)))
+    finally:
+        _remove_sequence(kv, _SCRATCH_SEQ)
+    if not cap.pages:
+        raise RuntimeError("this KV cache's VM was initialized before goinfer's runtime was imported")
+    if any(t.device.dlpack_device_type() != _CPU_DEVICE_TYPE for t in cap.pages):
+        raise ValueError("KV pages are copied in and out of a CPU cache only")
+    return [np.from_dlpack(t) for t in cap.pages], cap.attn_kinds
+
+
+def _reserve(kv, seq_id: int, n: int) -> np.ndarray:
+    """Append `n` tokens' room to `seq_id` without computing them: their slots (page * page_size
+    + offset). The pages are the cache's from here on; nothing is written into them."""
+    compressed = [int(x) for x in _reserve_slots(kv, seq_id, n)]  # [runs, start, length, ...]
+    _end_forward(kv)
+    runs = zip(compressed[1::2], compressed[2::2], strict=True)
+    return np.concatenate([np.arange(start, start + k) for start, k in runs])
+
+
+def _slots_by_debug_get_kv(kv, seq_id: int, length: int, pages: list[np.ndarray]) -> np.ndarray:
+    _, _, heads, _, dim = pages[0].shape
+    out = tvm_ffi.from_dlpack(_aligned_empty((len(pages), length, heads, dim), pages[0].dtype))
+    with _capturing() as cap:  # the kernel is skipped: `out` is never written
+        _debug_get_kv(kv, seq_id, 0, length, out, out)
+    return cap.positions
+
+
+def _slots_by_round_trip(kv, seq_id: int, length: int, page_size: int) -> np.ndarray:
+    """Pop the whole sequence and reserve it again. PopN frees a block's pages last first onto a
+    stack (free_page_ids_) and ReserveAppendLengthInSeq takes them back from its top, so the
+    sequence gets its own pages again, in order, their bytes untouched, and the reservation says
+    where they are. For a sequence whose blocks are its own (never forked): a block shared with
+    another sequence is not freed, which the page count sees; that sequence's KV is then lost."""
+    before = available_pages(kv)
+    _popn(kv, seq_id, length)
+    freed = available_pages(kv) - before
+    slots = _reserve(kv, seq_id, length)
+    if freed != -(-length // page_size):
+        raise RuntimeError(f"sequence {seq_id} shares KV pages with a fork: not exported, its KV now lost")
+    return slots
+
+
+def _logical_pages(slots: np.ndarray, page_size: int) -> np.ndarray:
+    """The page holding each `page_size` positions of a sequence, checking that each lies whole,
+    in order, in one page (true of every block: only a sequence's last page is partial)."""
+    pages = slots[::page_size] // page_size
+    offsets = np.arange(len(slots)) % page_size
+    if not np.array_equal(slots, np.repeat(pages, page_size)[: len(slots)] * page_size + offsets):
+        raise RuntimeError("a sequence's KV slots are not whole pages in order")
+    return pages
+
+
+def _runs(pages: np.ndarray) -> list[tuple[int, int, int]]:
+    """(logical page, physical page, count) for each run of consecutive physical pages."""
+    if not len(pages):
+        return []
+    cuts = np.flatnonzero(np.diff(pages) != 1) + 1
+    starts, ends = np.concatenate([[0], cuts]), np.concatenate([cuts, [len(pages)]])
+    return [(int(a), int(pages[a]), int(b - a)) for a, b in zip(starts, ends, strict=True)]
+
+
+def _cache_layout_hash(kv) -> str | None:
+    """TVM's hash of the cache's layout (heads, dims, dtype, RoPE, layer kinds), or None where TVM
+    gives none (sliding-window layers)."""
+    try:
+        return str(_layout_hash(kv))
+    except Exception:
+        return None
+
+
+def export_sequence(kv, seq_id: int) -> tuple[str, list[np.ndarray]]:
+    """Any sequence's KV: metadata (JSON) and one array per layer, (1, pages, 2, kv_heads,
+    page_size, head_dim), as TVM's checkpoint lays them out (the last page's unused slots zero).
+    Leaves the cache as it was; needs one free page while it runs. For a cache with
+    sliding-window layers (Gemma 3) it finds the pages by a pop and re-reservation, which a
+    sequence sharing blocks with a fork does not survive (KVPool never forks)."""
+    length = int(_sequence_length(kv, seq_id))
+    pages, kinds = _page_tensors(kv)
+    _, two, heads, page_size, dim = pages[0].shape
+    if not length:
+        slots = np.zeros(0, np.int64)
+    elif all(k == "mha" for k in kinds):
+        slots = _slots_by_debug_get_kv(kv, seq_id, length, pages)
+    else:
+        slots = _slots_by_round_trip(kv, seq_id, length, page_size)
+    logical = _logical_pages(slots, page_size)
+    groups = []
+    for layer in pages:
+        out = np.empty((1, len(logical), two, heads, page_size, dim), layer.dtype)
+        for at, page, count in _runs(logical):
+            out[0, at : at + count] = layer[page : page + count]
+        out[0, length // page_size :, :, :, length % page_size :] = 0  # a partial last page's rest
+        groups.append(out)
+    dtype, count = str(pages[0].dtype), len(logical)
+    meta = {
+        "format_version": 1,
+        "cache_type": "relax.vm.PagedAttentionKVCache",
+        "exported_by": "goinfer export_sequence",
+        "layout_hash": _cache_layout_hash(kv),
+        "page_size": page_size,
+        "num_layers": len(pages),
+        "layer_begin": 0,
+        "layer_end": len(pages),
+        "num_kv_heads": heads,
+        "qk_head_dim": dim,
+        "v_head_dim": dim,
+        "dtype": dtype,
+        "attn_kinds": list(kinds),
+        "page_group_layout": _GROUP_LAYOUT,
+        "seq_id": seq_id,
+        "seq_length": length,
+        "logical_pages": [
+            {"logical_page_index": i, "start_pos": start, "length": min(page_size, length - start)}
+            for i, start in enumerate(range(0, length, page_size))
+        ],
+        "groups": [
+            {
+                "group_index": i,
+                "layer_begin": i,
+                "layer_end": i + 1,
+                "num_logical_pages": count,
+                "dtype": dtype,
+                "shape": list(g.shape),
+                "nbytes": int(g.nbytes),
+            }
+            for i, g in enumerate(groups)
+        ],
+    }
+    return json.dumps(meta), groups
+
+
+def _import_sources(
+    kv, meta: dict, groups: list, pages: list[np.ndarray], kinds: tuple[str, ...]
+) -> list[np.ndarray]:
+    """Each layer's saved pages, (pages, 2, kv_heads, page_size, head_dim), once every size the
+    metadata and the arrays name is this cache's: a crafted file never steers a copy."""
+    _, two, heads, page_size, dim = pages[0].shape
+    length = meta["seq_length"]
+    if not isinstance(length, int) or isinstance(length, bool) or length < 0:
+        raise ValueError(f"KV export seq_length is {length!r}")
+    count = -(-length // page_size)
+    if meta.get("layout_hash") != _cache_layout_hash(kv):
+        raise ValueError("KV export is of another cache layout (layout_hash)")
+    for key, want in (
+        ("page_size", page_size),
+        ("num_kv_heads", heads),
+        ("qk_head_dim", dim),
+        ("dtype", str(pages[0].dtype)),
+        ("num_layers", len(pages)),
+        ("attn_kinds", list(kinds)),  # TVM hashes no sliding-window layout: these at least
+    ):
+        if key in meta and meta[key] != want:
+            raise ValueError(f"KV export {key} is {meta[key]!r}, this cache's {want!r}")
+    described = meta["groups"]
+    if not isinstance(described, list) or len(described) != len(groups):
+        raise ValueError("KV export's groups do not match its arrays")
+    layers: list[np.ndarray] = []
+    for g, data in zip(described, groups, strict=True):
+        begin, end = g["layer_begin"], g["layer_end"]
+        data = np.asarray(data)
+        if begin != len(layers) or not isinstance(end, int) or end <= begin:
+            raise ValueError("KV export's groups do not cover the layers in order")
+        if data.shape != (end - begin, count, two, heads, page_size, dim) or data.dtype != pages[0].dtype:
+            raise ValueError(f"KV export group {g.get('group_index')!r} is not this cache's layout")
+        layers.extend(data)
+    if len(layers) != len(pages):
+        raise ValueError(f"KV export has {len(layers)} layers, this cache {len(pages)}")
+    return layers
+
+
+# Larger imports copy their layers on THREADS threads. A fresh cache's memory is mapped as it is
+# first written, and two threads take those faults faster: 16 sessions of 4k tokens on the 1.5B
+# (1.8 GB) into a new cache in 0.54 s against 0.88 s on one (Intel Xeon, 2 threads); on pages already
+# written one thread is faster (0.36 s against 0.55 s), but a restore writes into a new cache.
+_PARALLEL_COPY_BYTES = 16 << 20
+
+
+def _copy_in(pages: list[np.ndarray], sources: list[np.ndarray], runs: list[tuple[int, int, int]]) -> None:
+    def copy(layer: int) -> None:
+        for at, page, count in runs:
+            pages[layer][page : page + count] = sources[layer][at : at + count]
+
+    if THREADS < 2 or sum(s.nbytes for s in sources) < _PARALLEL_COPY_BYTES:
+        for layer in range(len(pages)):
+            copy(layer)
+        return
+    from concurrent.futures import ThreadPoolExecutor  # numpy's copies release the GIL
+
+    with ThreadPoolExecutor(THREADS) as pool:
+        list(pool.map(copy, range(len(pages))))
+
+
+def import_sequence(kv, seq_id: int, metadata: str, groups: list[np.ndarray]) -> None:
+    """A new sequence `seq_id` holding an export's KV (export_sequence's, or TVM's checkpoint of
+    sequence 0); every other sequence stays as it was. The pages are reserved as an append of the
+    saved length would reserve them, one block, and the saved bytes copied in: a step on it is
+    bit for bit a step on the sequence exported. Raises, the cache unchanged, where the export is
+    not of this cache's layout or the cache is short of pages."""
+    pages, kinds = _page_tensors(kv)
+    try:
+        meta = json.loads(metadata)
+        sources = _import_sources(kv, meta, groups, pages, kinds)
+    except (KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"KV export metadata is malformed ({e!r})") from e
+    page_size, length = pages[0].shape[3], meta["seq_length"]
+    need, free = -(-length // page_size), available_pages(kv)
+    if free < need:
+        raise ValueError(f"the KV cache has {free} free pages, the import needs {need}")
+    _add_sequence(kv, seq_id)
+    try:
+        if length:
+            _copy_in(pages, sources, _runs(_logical_pages(_reserve(kv, seq_id, length), page_size)))
+    except BaseException:
+        _remove_sequence(kv, seq_id)
+        raise
 
 
 def to_numpy(t) -> np.ndarray:
