@@ -69,7 +69,7 @@ class KVPool:
         self.on_host = on_host
         self.warm_limit, self.exact_only = warm_limit, exact_only
         self.seqs: dict[int, Seq] = {}
-        self._ids = itertools.count(1)  # 0 stays free: TVM's checkpoints go through it
+        self._ids = itertools.count(1)
         self.on_drop: Callable[[Seq], None] = lambda seq: None
 
     # -- reuse: the one rule of which tokens a later prompt may take over ---------------------------
@@ -125,38 +125,34 @@ class KVPool:
             self.on_drop(seq)
 
     # -- checkpoints (sessions on disk) ------------------------------------------------------
-    # TVM exports and imports sequence 0 only. A fork to 0 for the export would split the
-    # sequence's blocks (see above), so exports happen at shutdown, when nothing continues.
     def export(self, seq: Seq) -> tuple[str, list] | None:
-        """`seq`'s KV as TVM checkpoints it, or None where it cannot (sliding-window layers, no
-        page free for the fork, a cache on a GPU). Only at shutdown: `seq` is left split in two blocks."""
+        """`seq`'s KV (tvm_runtime.export_sequence: the cache is left as it was), or None where it
+        cannot be taken: a cache on a GPU, or no page for the copy's scratch sequence."""
         if not self.on_host:
             return None
-        if seq.id != 0:
-            if 0 in self.seqs:  # saved first (Scheduler.stop): its file stays
-                self.drop(self.seqs[0], forget=False)
-            if not self.make_room(1):
+        if self.free_pages() < 1:  # make one: the oldest other warm sequence goes, its ids file kept
+            others = sorted(
+                (q for q in self.seqs.values() if not q.busy and q is not seq), key=lambda q: q.last_used
+            )
+            if not others:
                 return None
-            rt.fork_sequence(self.kv, seq.id, 0, len(seq.tokens))
+            self.drop(others[0], forget=False)
         try:
-            return rt.export_sequence0(self.kv)
-        except Exception:  # TVM refuses this cache's layout: the session keeps its ids only
+            return rt.export_sequence(self.kv, seq.id)
+        except (RuntimeError, ValueError):  # a layout the copy does not know: the session keeps its ids
             return None
-        finally:
-            if seq.id != 0:
-                rt.remove_sequence(self.kv, 0)
 
     def adopt_import(
         self, tokens: list[int], metadata: str, groups: list, key: str, last_used: float, exact: int
     ) -> Seq:
-        """A warm sequence from an export, as sequence 0 (one block, as it was computed). TVM's
-        import empties the cache: only into an empty pool. Check it with `import_problem` first."""
-        assert not self.seqs, "a checkpoint import would drop the cache's sequences"
+        """A warm sequence from an export, beside whatever the cache holds (bit for bit what was
+        exported). Check it with `import_problem` first, and make room for its pages and one more;
+        a refusal (ValueError) leaves the cache as it was."""
         if not self.on_host:
             raise ValueError("KV checkpoints are imported into a CPU cache only")
-        rt.import_sequence0(self.kv, metadata, groups)
-        seq = Seq(0, list(tokens), last_used=last_used, key=key, saved=len(tokens), exact=exact)
-        self.seqs[0] = seq
+        seq = Seq(next(self._ids), list(tokens), last_used=last_used, key=key, saved=len(tokens), exact=exact)
+        rt.import_sequence(self.kv, seq.id, metadata, groups)
+        self.seqs[seq.id] = seq
         return seq
 
     def import_problem(self, tokens: list[int], metadata: str, groups: list, layout: dict) -> str | None:

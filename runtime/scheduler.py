@@ -223,9 +223,10 @@ class Scheduler:
             self._cond.notify()
         self._thread.join(timeout=10)
         if self.sessions is not None:  # what is warm now, with its KV, before the process goes
-            # sequence 0 first: the others' exports go through it (KVPool.export)
-            for seq in sorted((q for q in self.pool.seqs.values() if not q.busy), key=lambda q: q.id != 0):
-                self._save(seq, with_kv=True)
+            # newest first: if an export must free a page, the oldest keeps its ids only
+            for seq in sorted((q for q in self.pool.seqs.values() if not q.busy), key=lambda q: -q.last_used):
+                if seq.id in self.pool.seqs:
+                    self._save(seq, with_kv=True)
             self.sessions.close()
 
     def stats(self) -> dict[str, int]:
@@ -247,7 +248,7 @@ class Scheduler:
     # -- sessions on disk (--session-dir) ----------------------------------------------------
     def _save(self, seq: Seq, with_kv: bool = False) -> None:
         """Write `seq`'s session: its ids after a request (cheap: a crash loses only KV that can be
-        recomputed), its KV too at shutdown (exporting splits the sequence: KVPool.export)."""
+        recomputed), its KV too at shutdown (bytes per token: megabytes a session)."""
         assert self.sessions is not None
         if len(seq.tokens) <= seq.saved and not with_kv:
             return
@@ -266,10 +267,9 @@ class Scheduler:
 
     def _restore(self) -> None:
         """(before the thread starts) The newest saved sessions, warm in the pool again, each checked
-        whole before it touches the model. TVM's import empties the cache, so one session (the
-        newest with its KV) comes back by import, exactly as it was; the others are fed again from
-        their ids in a cold run's chunks (so they are exact too). A model whose cache TVM cannot
-        export (sliding-window layers: Gemma 3) saves ids only, and all its sessions are fed again."""
+        whole before it touches the model. One saved with its KV comes back by import, bit for bit
+        as it was, in time proportional to its bytes; one saved with its ids only (after each
+        request; a cache on a GPU) is fed again from them in a cold run's chunks, so it is exact too."""
         assert self.sessions is not None
         keep = []
         for saved in self.sessions.load_all():
@@ -278,24 +278,14 @@ class Scheduler:
                 self.sessions.set_aside(saved.key, why)
             elif len(keep) < self.config.kv_sessions:
                 keep.append(saved)
-        if not keep:
-            return
         t0, imported, fed = time.perf_counter(), 0, 0
-        first = next((s for s in keep if s.kv_metadata is not None), None)
-        if first is not None:
-            try:
-                exact = first.exact if first.chunk == self.chunk else 0  # cut otherwise: not a cold run's
-                self.pool.adopt_import(first.tokens, first.kv_metadata, list(first.kv_groups), first.key,
-                                       first.last_used, exact)  # fmt: skip
-                imported = 1
-            except Exception as e:  # checked, yet TVM refused it: fed again from its ids instead
-                log.warning("session %s: KV import refused (%s); feeding its ids again", first.key, e)
-                first = None
         for s in keep:
-            if s is first:
-                continue
-            if not self.pool.make_room(self.pool.pages_for(Seq(-1), len(s.tokens)) + 1):
+            # its pages, and one for the import's scratch sequence
+            if not self.pool.make_room(self.pool.pages_for(Seq(-1), len(s.tokens)) + 2):
                 break  # the rest would not fit the cache
+            if s.kv_metadata is not None and self._import(s):
+                imported += 1
+                continue
             seq = self.pool.new_warm(s.key, s.last_used)
             for at in range(0, len(s.tokens), self.chunk):  # a cold run's chunks
                 piece = s.tokens[at : at + self.chunk]
@@ -303,8 +293,19 @@ class Scheduler:
                 self.pool.computed(seq, piece)
             seq.busy, seq.saved = False, len(seq.tokens)
             fed += 1
-        log.info("restored %d sessions from %s in %.1fs (%d by KV import, %d fed again from their ids)",
-                 imported + fed, self.sessions.folder, time.perf_counter() - t0, imported, fed)  # fmt: skip
+        if keep:
+            took = time.perf_counter() - t0
+            log.info("restored %d sessions from %s in %.1fs (%d by KV import, %d fed again from their ids)",
+                     imported + fed, self.sessions.folder, took, imported, fed)  # fmt: skip
+
+    def _import(self, s: SavedSession) -> bool:
+        exact = s.exact if s.chunk == self.chunk else 0  # cut in other chunks: not a cold run's
+        try:
+            self.pool.adopt_import(s.tokens, s.kv_metadata, list(s.kv_groups), s.key, s.last_used, exact)
+        except ValueError as e:  # checked, yet refused: fed again from its ids instead
+            log.warning("session %s: KV import refused (%s); feeding its ids again", s.key, e)
+            return False
+        return True
 
     def _refusal(self, s: SavedSession) -> str | None:
         """Why a saved session must not touch this model, or None. The file's checksum only says it
