@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--no-baseline", action="store_true", help="skip the ids-only restore (it re-prefills all)"
     )
+    p.add_argument("--dir", help="keep the sessions here, and reuse them if it already holds them")
     a = p.parse_args(argv)
 
     from goinfer.compiler.sources import zoo
@@ -83,20 +84,21 @@ def main(argv: list[str] | None = None) -> int:
 
     bundle = _ensure_bundle(zoo.fetch(a.model), "gguf")
     model = Model.load(bundle, self_test=False)
-    root = Path(tempfile.mkdtemp(prefix="goinfer-restart-"))
+    root = Path(a.dir) if a.dir else Path(tempfile.mkdtemp(prefix="goinfer-restart-"))
     try:
         config = SchedulerConfig(
             kv_sessions=a.sessions, session_dir=str(root), kv_tokens=a.sessions * (a.tokens + 64)
         )
-        _log(f"serving {a.sessions} sessions of {a.tokens} tokens on {a.model}")
-        sched = Scheduler(model, config)
-        rng = np.random.default_rng(0)
-        once = SamplingParams(temperature=0.0, max_tokens=1)
-        for i in range(a.sessions):
-            ids = [int(t) for t in rng.integers(100, model.spec.vocab_size - 100, a.tokens)]
-            list(sched.generate(GenerationRequest(ids, once)))
-            _log(f"  session {i + 1}/{a.sessions} served")
-        sched.stop()  # saves every session with its KV
+        if len(store.listing(root, model.bundle.header_sha256)) < a.sessions:
+            _log(f"serving {a.sessions} sessions of {a.tokens} tokens on {a.model}")
+            sched = Scheduler(model, config)
+            rng = np.random.default_rng(0)
+            once = SamplingParams(temperature=0.0, max_tokens=1)
+            for i in range(a.sessions):
+                ids = [int(t) for t in rng.integers(100, model.spec.vocab_size - 100, a.tokens)]
+                list(sched.generate(GenerationRequest(ids, once)))
+                _log(f"  session {i + 1}/{a.sessions} served")
+            sched.stop()  # saves every session with its KV
         saved = store.listing(root, model.bundle.header_sha256)
         mib = sum(f.stat().st_size for f in saved) / 2**20
         _log(f"saved {len(saved)} files, {mib:.0f} MiB")
@@ -113,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         fed, base = _restore(model, dataclasses.replace(config, session_dir=str(stripped)))
         shutil.rmtree(stripped, ignore_errors=True)
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        if not a.dir:
+            shutil.rmtree(root, ignore_errors=True)
     return _report(a, mib, by_import, got, fed, base)
 
 

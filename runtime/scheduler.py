@@ -271,7 +271,7 @@ class Scheduler:
         as it was, in time proportional to its bytes; one saved with its ids only (after each
         request; a cache on a GPU) is fed again from them in a cold run's chunks, so it is exact too."""
         assert self.sessions is not None
-        keep = []
+        t_read, keep = time.perf_counter(), []
         for saved in self.sessions.load_all():
             why = self._refusal(saved)
             if why is not None:
@@ -279,6 +279,7 @@ class Scheduler:
             elif len(keep) < self.config.kv_sessions:
                 keep.append(saved)
         t0, imported, fed = time.perf_counter(), 0, 0
+        t_read = t0 - t_read
         for s in keep:
             # its pages, and one for the import's scratch sequence
             if not self.pool.make_room(self.pool.pages_for(Seq(-1), len(s.tokens)) + 2):
@@ -295,8 +296,9 @@ class Scheduler:
             fed += 1
         if keep:
             took = time.perf_counter() - t0
-            log.info("restored %d sessions from %s in %.1fs (%d by KV import, %d fed again from their ids)",
-                     imported + fed, self.sessions.folder, took, imported, fed)  # fmt: skip
+            log.info("restored %d sessions from %s: files read and checked in %.1fs, then warm in %.1fs "
+                     "(%d by KV import, %d fed again from their ids)",
+                     imported + fed, self.sessions.folder, t_read, took, imported, fed)  # fmt: skip
 
     def _import(self, s: SavedSession) -> bool:
         exact = s.exact if s.chunk == self.chunk else 0  # cut in other chunks: not a cold run's

@@ -17,6 +17,7 @@ from . import session_store as store
 
 log = logging.getLogger("goinfer.runtime")
 REFUSED = ".refused"
+READERS = 2  # session files read and checked at once at start
 
 
 class SessionFiles:
@@ -50,12 +51,21 @@ class SessionFiles:
         (if any) are what counts."""
         for tmp in self.folder.glob(f".*{store.SUFFIX}.tmp") if self.folder.is_dir() else ():
             tmp.unlink(missing_ok=True)
-        out = []
-        for path in store.listing(self.root, self.bundle_id):
+        def load(path: Path) -> store.SavedSession | str:
             try:
-                out.append(store.load(path, self.bundle_id))
+                return store.load(path, self.bundle_id)
             except (OSError, store.SessionFileError) as e:
-                self.set_aside(path.stem, str(e))
+                return str(e)
+
+        paths = store.listing(self.root, self.bundle_id)
+        with ThreadPoolExecutor(max_workers=READERS, thread_name_prefix="goinfer-restore") as pool:
+            loaded = list(pool.map(load, paths))  # hashing releases the GIL: files check in parallel
+        out = []
+        for path, got in zip(paths, loaded, strict=True):
+            if isinstance(got, str):
+                self.set_aside(path.stem, got)
+            else:
+                out.append(got)
         return sorted(out, key=lambda s: s.last_used, reverse=True)
 
     def set_aside(self, key: str, why: str) -> None:

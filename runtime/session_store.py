@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import os
 import struct
 from dataclasses import dataclass
@@ -85,17 +86,24 @@ def save(root: str | Path, bundle_id: str, s: SavedSession) -> Path:
 
 
 def load(path: str | Path, bundle_id: str) -> SavedSession:
-    """One session file, checked whole; SessionFileError says why it is refused."""
-    data = Path(path).read_bytes()
-    if len(data) < len(MAGIC) + 4 + _DIGEST or not data.startswith(MAGIC):
+    """One session file, checked whole; SessionFileError says why it is refused. The file is mapped,
+    not read: its KV groups are views of the mapping (the import copies them into the cache), so a
+    restore reads each byte once, and hashes it with the GIL released."""
+    with open(path, "rb") as f:
+        try:
+            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except ValueError:  # an empty file cannot be mapped
+            raise SessionFileError("not a goinfer session file") from None
+    view = memoryview(data)
+    if len(view) < len(MAGIC) + 4 + _DIGEST or bytes(view[: len(MAGIC)]) != MAGIC:
         raise SessionFileError("not a goinfer session file")
-    body, digest = data[:-_DIGEST], data[-_DIGEST:]
+    body, digest = view[:-_DIGEST], bytes(view[-_DIGEST:])
     if hashlib.sha256(body).digest() != digest:
         raise SessionFileError("checksum mismatch (torn or edited)")
     (n,) = struct.unpack_from("<I", body, len(MAGIC))
     start = len(MAGIC) + 4
     try:
-        header = json.loads(body[start : start + n])
+        header = json.loads(bytes(body[start : start + n]))
         if header["bundle"] != bundle_id:
             raise SessionFileError("written for another bundle")
         at = start + n
