@@ -238,7 +238,7 @@ async def _tokenized(slot: ModelSlot, job: Job, fn: Callable[[], list[int]]) -> 
     try:
         return await asyncio.to_thread(fn)
     except PromptTooLong as e:
-        raise too_long(job, slot, f"at least {e.tokens}") from None
+        raise too_long(job, slot, str(e.tokens) if e.exact else f"at least {e.tokens}") from None
     except ValueError as e:  # the chat template refused these messages (e.g. roles must alternate)
         raise APIError(
             422, f"model {slot.name!r}: {e}", param="messages", code="chat_template_error"

@@ -74,17 +74,29 @@ async def test_a_4_mib_prompt_beside_a_live_stream(aiohttp_client, window: int) 
 def test_encode_within_refuses_early_and_is_exact_when_it_fits() -> None:
     tok = Tokenizer.from_str(byte_tokenizer_json())
     chars = prompt.longest_token(tok)
-    text = big_prompt(300_000)
+    # An added token of 14 characters, over and over, no space: a window that holds it is under a
+    # quarter of its characters, so it is counted in pieces (each cut splitting a token) before
+    # the exact encode.
+    text = "<|python_tag|>" * 30_000
     exact = tok.encode(text, add_special_tokens=False).ids
+    assert len(text) > prompt.WHOLE_CHARS_PER_TOKEN * (len(exact) + 1)
     # fits: the very ids of one whole encode, whatever path counted them
     assert prompt.encode_within(tok, text, len(exact) + 1, chars) == exact
     head = tok.encode(text[:1000], add_special_tokens=False).ids
-    assert prompt.encode_within(tok, text[:1000], 10_000, chars) == head
-    # one token over: refused, from the pieces (the bound cannot tell)
+    assert prompt.encode_within(tok, text[:1000], 10_000, chars) == head  # short: in one go
+    # one token over: refused exactly (the pieces could not tell)
     with pytest.raises(prompt.PromptTooLong) as e:
         prompt.encode_within(tok, text, len(exact), chars)
-    assert e.value.tokens == len(exact) and e.value.window == len(exact)
-    # far over: refused from the character bound, before any tokenizing
+    assert e.value.exact and e.value.tokens == len(exact) and e.value.window == len(exact)
+    # far over, past what the character bound can tell: refused from the pieces, counting stopped early
+    with pytest.raises(prompt.PromptTooLong) as e:
+        prompt.encode_within(tok, text, 20_000, chars)
+    assert not e.value.exact and 20_000 <= e.value.tokens < len(exact)
+    # a prose prompt far over the window: counted in pieces cut at spaces
+    with pytest.raises(prompt.PromptTooLong) as e:
+        prompt.encode_within(tok, big_prompt(400_000), 20_000, chars)
+    assert not e.value.exact and e.value.tokens >= 20_000
+    # farther: refused from the character bound, before any tokenizing
     with pytest.raises(prompt.PromptTooLong) as e:
         prompt.encode_within(tok, text * 20, 1000, chars)
-    assert e.value.tokens > 1000
+    assert not e.value.exact and e.value.tokens > 1000
