@@ -156,30 +156,16 @@ class KVPool:
         return seq
 
     def import_problem(self, tokens: list[int], metadata: str, groups: list, layout: dict) -> str | None:
-        """Why a saved checkpoint cannot be imported into this cache, or None. TVM copies what the
-        metadata describes: every size it names must be this cache's and match the arrays given
-        (a crafted file must never steer a copy). `layout`: this model's num_layers,
+        """Why a saved checkpoint cannot be imported into this cache, or None (checked without
+        touching the cache: tvm_runtime.checkpoint_layers). `layout`: this model's num_layers,
         num_kv_heads, qk_head_dim and dtype."""
         try:
             meta = json.loads(metadata)
-            expect = {**layout, "page_size": self.page_size, "seq_length": len(tokens)}
-            for k, v in expect.items():
-                if meta.get(k) != v:
-                    return f"KV checkpoint {k} is {meta.get(k)!r}, this cache's {v!r}"
-            pages = -(-len(tokens) // self.page_size)
-            if len(meta["groups"]) != len(groups) or not groups:
-                return "KV checkpoint groups do not match its arrays"
-            layers = 0
-            for g, data in zip(meta["groups"], groups, strict=True):
-                n = int(g["layer_end"]) - int(g["layer_begin"])
-                want = [n, pages, 2, layout["num_kv_heads"], self.page_size, layout["qk_head_dim"]]
-                if list(g["shape"]) != want or list(data.shape) != want or str(data.dtype) != layout["dtype"]:
-                    return f"KV checkpoint group {g['group_index']} is not this cache's layout"
-                layers += n
-            if layers != layout["num_layers"]:
-                return "KV checkpoint groups do not cover every layer"
-        except (ValueError, KeyError, TypeError) as e:
-            return f"KV checkpoint metadata is malformed ({e})"
+            if meta.get("seq_length") != len(tokens):
+                return f"KV checkpoint of {meta.get('seq_length')!r} tokens beside {len(tokens)} ids"
+            rt.checkpoint_layers(meta, groups, {**layout, "page_size": self.page_size})
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            return f"KV checkpoint does not fit this cache ({e})"
         return None
 
     def new_warm(self, key: str, last_used: float) -> Seq:

@@ -449,27 +449,21 @@ def export_sequence(kv, seq_id: int) -> tuple[str, list[np.ndarray]]:
     return json.dumps(meta), groups
 
 
-def _import_sources(
-    kv, meta: dict, groups: list, pages: list[np.ndarray], kinds: tuple[str, ...]
-) -> list[np.ndarray]:
+def checkpoint_layers(meta: dict, groups: list, layout: dict) -> list[np.ndarray]:
     """Each layer's saved pages, (pages, 2, kv_heads, page_size, head_dim), once every size the
-    metadata and the arrays name is this cache's: a crafted file never steers a copy."""
-    _, two, heads, page_size, dim = pages[0].shape
+    metadata and the arrays name is `layout`'s: a crafted file never steers a copy. `layout` has
+    page_size, num_kv_heads, qk_head_dim, dtype and num_layers, and attn_kinds and layout_hash
+    where the caller knows them (the cache does; a model's spec does not). ValueError says what
+    differs."""
+    page_size, heads, dim = layout["page_size"], layout["num_kv_heads"], layout["qk_head_dim"]
     length = meta["seq_length"]
     if not isinstance(length, int) or isinstance(length, bool) or length < 0:
         raise ValueError(f"KV export seq_length is {length!r}")
     count = -(-length // page_size)
-    if meta.get("layout_hash") != _cache_layout_hash(kv):
+    if "layout_hash" in layout and meta.get("layout_hash") != layout["layout_hash"]:
         raise ValueError("KV export is of another cache layout (layout_hash)")
-    for key, want in (
-        ("page_size", page_size),
-        ("num_kv_heads", heads),
-        ("qk_head_dim", dim),
-        ("dtype", str(pages[0].dtype)),
-        ("num_layers", len(pages)),
-        ("attn_kinds", list(kinds)),  # TVM hashes no sliding-window layout: these at least
-    ):
-        if key in meta and meta[key] != want:
+    for key, want in layout.items():
+        if key != "layout_hash" and key in meta and meta[key] != want:  # TVM hashes no sliding-window layout
             raise ValueError(f"KV export {key} is {meta[key]!r}, this cache's {want!r}")
     described = meta["groups"]
     if not isinstance(described, list) or len(described) != len(groups):
@@ -480,11 +474,11 @@ def _import_sources(
         data = np.asarray(data)
         if begin != len(layers) or not isinstance(end, int) or end <= begin:
             raise ValueError("KV export's groups do not cover the layers in order")
-        if data.shape != (end - begin, count, two, heads, page_size, dim) or data.dtype != pages[0].dtype:
+        if data.shape != (end - begin, count, 2, heads, page_size, dim) or str(data.dtype) != layout["dtype"]:
             raise ValueError(f"KV export group {g.get('group_index')!r} is not this cache's layout")
         layers.extend(data)
-    if len(layers) != len(pages):
-        raise ValueError(f"KV export has {len(layers)} layers, this cache {len(pages)}")
+    if len(layers) != layout["num_layers"]:
+        raise ValueError(f"KV export has {len(layers)} layers, this cache {layout['num_layers']}")
     return layers
 
 
@@ -519,7 +513,17 @@ def import_sequence(kv, seq_id: int, metadata: str, groups: list[np.ndarray]) ->
     pages, kinds = _page_tensors(kv)
     try:
         meta = json.loads(metadata)
-        sources = _import_sources(kv, meta, groups, pages, kinds)
+        _, _, heads, page_size, dim = pages[0].shape
+        layout = {
+            "page_size": page_size,
+            "num_kv_heads": heads,
+            "qk_head_dim": dim,
+            "dtype": str(pages[0].dtype),
+            "num_layers": len(pages),
+            "attn_kinds": list(kinds),
+            "layout_hash": _cache_layout_hash(kv),
+        }
+        sources = checkpoint_layers(meta, groups, layout)
     except (KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"KV export metadata is malformed ({e!r})") from e
     page_size, length = pages[0].shape[3], meta["seq_length"]
