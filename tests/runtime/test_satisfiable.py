@@ -67,3 +67,13 @@ def test_deep_nesting_is_a_reason_not_a_crash() -> None:
     assert why_unsatisfiable(deep) == "it nests too deeply"
     with pytest.raises(g.GrammarError):
         g.json_schema_grammar(deep)
+
+
+def test_a_grammar_that_admits_only_an_empty_reply_is_refused_before_any_token() -> None:
+    """The first step of every constraint is tried at plan time (GrammarTokenizer.constraint)."""
+    from fake_engine import GrammarEngine
+
+    tok = GrammarEngine().grammar
+    with pytest.raises(g.GrammarError, match="only an empty reply"):
+        tok.constraint(g.compile_lark('start: ""'))
+    assert tok.constraint(g.compile_lark('start: "a"')).allowed().sum() == 1
