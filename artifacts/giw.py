@@ -27,7 +27,9 @@ import numpy as np
 from . import cache
 
 MAGIC = b"\x89GIW\r\n\x1a\n"  # PNG-style: the high byte and CR/LF catch text-mode mangling
-FORMAT_VERSION = 2  # 2: the typed manifest (manifest.py); older bundles are refused, to be rebuilt
+# 2: the typed manifest (manifest.py); 3: one-pass prefill attention, which the runtime routes the
+# cache's prefill calls to (runtime/tvm_runtime.py). Older bundles are refused, to be rebuilt.
+FORMAT_VERSION = 3
 DEFAULT_ALIGN = 4096  # page size: blobs map straight into the page cache
 MIN_ALIGN = 64
 MAX_ALIGN = 1 << 30

@@ -2,6 +2,7 @@
 
     python -m bench.serving                          # agent, concurrency and depth on both Qwen coders
     python -m bench.serving --bench agent --models qwen2.5-coder-0.5b --rounds 3
+    python -m bench.serving --bench agent --agent-prefix 15000   # an agent-sized prefix
     python -m bench.serving --bench concurrency --clients 1,4 --goinfer-args "--max-concurrent 4"
     python -m bench.serving --bench depth --depths 1024 --models qwen2.5-coder-0.5b
 
@@ -13,14 +14,15 @@ the load average before each bench. `--goinfer-args` passes flags to `goinfer se
 are its own); the server logs go to /tmp/bench-*.log.
 
 agent: a `--turns` (4) turn chat over a fixed prefix of about 4,000 tokens, a long system prompt and
-  20 OpenAI `tools`, written here deterministically. Each turn appends the previous reply (and a
+  20 OpenAI `tools`, written here deterministically (`--agent-prefix N`: about N tokens, the rest a
+  generated file index in the system prompt). Each turn appends the previous reply (and a
   fixed result for each tool call in it) and a short user message, as an agent harness sends them;
   each server keeps its own conversation. Per turn: TTFT, the request sent to the first content or
   tool-call delta; prompt tokens, and the tokens the server reused, from `usage.prompt_tokens_details.
   cached_tokens` (llama-server: that, else `timings.cache_n`). llama-server runs one slot with its
-  default prompt cache (`-np 1 -c 8192`, `cache_prompt` on). Every round opens its system prompt
-  with its own number, so no round reuses another's prefix. Target: from turn 2 on, TTFT <= 0.7x
-  llama-server's.
+  default prompt cache (`-np 1 -c 8192`, more for a longer prefix, `cache_prompt` on). Every round
+  opens its system prompt with its own number, so no round reuses another's prefix. Target: from
+  turn 2 on, TTFT <= 0.7x llama-server's.
 
 concurrency: 1, 2, 4 and 8 clients (`--clients`), threads released together, each one request with a
   distinct prompt that asks for a long answer, `--max-tokens` (128). Neither server can be told to
@@ -160,10 +162,29 @@ def _project_notes() -> str:
     return "\n".join(lines)
 
 
-def agent_system_prompt(round_no: int) -> str:
-    """The agent's system prompt; `round_no` opens it, so each round's prefix is new to both servers."""
+AGENT_PREFIX = 4000  # tokens, about: the rules, the notes and the 20 tools' schemas
+CHARS_PER_TOKEN = 3.5  # about, for this English and these paths on the Qwen tokenizer
+
+
+def _file_index(tokens: int) -> str:
+    """About `tokens` tokens of a repository's file index (a long agent prefix), deterministic."""
+    lines, budget, i = ["File index (generated; path: purpose, size):"], tokens * CHARS_PER_TOKEN, 0
+    while sum(len(x) + 1 for x in lines) < budget:
+        pkg, what = _AREAS[i % len(_AREAS)]
+        lines.append(
+            f"- src/app/{pkg}/part_{i // len(_AREAS):03d}.py: helpers for {what.split(',')[0]}; "
+            f"{40 + (i * 37) % 400} lines, last changed in release {1 + i % 9}.{i % 13}"
+        )
+        i += 1
+    return "\n".join(lines)
+
+
+def agent_system_prompt(round_no: int, prefix_tokens: int = AGENT_PREFIX) -> str:
+    """The agent's system prompt; `round_no` opens it, so each round's prefix is new to both servers.
+    Past the default size, a file index makes up the rest of `prefix_tokens`."""
     head = f"Session {round_no + 1}."
-    return "\n\n".join([head, *_RULES, _project_notes()])
+    extra = [_file_index(prefix_tokens - AGENT_PREFIX)] if prefix_tokens > AGENT_PREFIX else []
+    return "\n\n".join([head, *_RULES, _project_notes(), *extra])
 
 
 # name, description, parameters: name -> (JSON type, description); a leading "?" marks an optional one
@@ -513,12 +534,14 @@ def _turn_row(turn: int, s: Stream) -> dict[str, Any]:
     }
 
 
-def run_agent(servers: list[Server], model: str, rounds: int, turns: int, max_tokens: int) -> dict:
+def run_agent(
+    servers: list[Server], model: str, rounds: int, turns: int, max_tokens: int, prefix: int = AGENT_PREFIX
+) -> dict:
     """Per server, per round, per turn: TTFT, prompt and cached tokens."""
     tools = agent_tools()
     raw: dict[str, list[list[dict[str, Any]]]] = {s.name: [] for s in servers}
     for r in range(rounds):
-        convs = {s.name: [{"role": "system", "content": agent_system_prompt(r)}] for s in servers}
+        convs = {s.name: [{"role": "system", "content": agent_system_prompt(r, prefix)}] for s in servers}
         for s in servers:
             raw[s.name].append([])
         for t in range(turns):
@@ -532,7 +555,7 @@ def run_agent(servers: list[Server], model: str, rounds: int, turns: int, max_to
                     f"agent round {r + 1}/{rounds} turn {t + 1}/{turns} {s.name}: TTFT {reply.ttft_s:.2f} s, "
                     f"prompt {reply.prompt_tokens}, cached {reply.cached_tokens}"
                 )
-    return {"rounds": rounds, "turns": turns, "max_tokens": max_tokens, "raw": raw}
+    return {"rounds": rounds, "turns": turns, "max_tokens": max_tokens, "prefix": prefix, "raw": raw}
 
 
 def agent_summary(res: dict) -> list[dict[str, Any]]:
@@ -757,15 +780,17 @@ def _print_targets(targets: list[tuple[bool, str]]) -> None:
 
 
 def agent_bench(a: argparse.Namespace, name: str, gguf: Path, ours: Server, out: dict[str, Any]) -> None:
-    with llama_server(gguf, a.threads, ["-c", "8192", "-np", "1"]) as peer:
+    ctx = max(8192, a.agent_prefix + 4096)  # the prefix, four turns and their replies
+    with llama_server(gguf, a.threads, ["-c", str(ctx), "-np", "1"]) as peer:
         out["commands"]["llama-server agent"] = peer.command
         warm(peer, name)
-        res = run_agent([ours, peer], name, a.rounds, a.turns, a.agent_max_tokens)
+        res = run_agent([ours, peer], name, a.rounds, a.turns, a.agent_max_tokens, a.agent_prefix)
     rows = agent_summary(res)
     met, line = agent_target(rows)
     out["agent"] = {**res, "summary": rows, "target_met": met}
     print(
-        f"\n{name} {a.quant}, agent: {a.turns} turns, {len(_TOOLS)} tools, max_tokens {a.agent_max_tokens}, "
+        f"\n{name} {a.quant}, agent: ~{a.agent_prefix}-token prefix, {a.turns} turns, {len(_TOOLS)} tools, "
+        f"max_tokens {a.agent_max_tokens}, "
         f"median of {a.rounds} round(s); TTFT to the first content or tool-call delta"
     )
     print(agent_table(rows))
@@ -866,6 +891,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=1, help="agent conversations / client rounds / depth runs")
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--agent-max-tokens", type=int, default=32)
+    ap.add_argument(
+        "--agent-prefix", type=int, default=AGENT_PREFIX, help="agent: the prefix's tokens, about"
+    )
     ap.add_argument("--clients", default="1,2,4,8")
     ap.add_argument("--max-tokens", type=int, default=128, help="concurrency: tokens a request")
     ap.add_argument("--llama-np", type=int, default=4, help="llama-server slots in the concurrency bench")

@@ -208,8 +208,9 @@ _N0, _N1 = click.IntRange(min=0), click.IntRange(min=1)
     "--prefix-reuse",
     SchedulerConfig,
     "prefix_reuse",
-    "exact: reuse whole prefill chunks only, replies bit-equal to a cold run's; longest: the "
-    "whole shared prefix, faster turns, equal to float rounding",
+    "exact: replies bit-equal to a cold run's (on the CPU any shared token is reused; a GPU reuses "
+    "whole prefill chunks only); longest: a GPU reuses the whole shared prefix too, equal to float "
+    "rounding",
     type=click.Choice(["exact", "longest"]),
 )
 @knob(

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Prompt tokens a forward, wherever a prompt is fed (Model.prefill, the server's scheduler): a
-# reused prefix is exact only where it ends at a chunk boundary a cold run also has
-# (runtime/kv_pool.py), and one size everywhere makes the CLI's reply the server's.
+# Prompt tokens a forward, wherever a prompt is fed (Model.prefill, the server's scheduler). On
+# the CPU a token computes the same in any chunk; a GPU cache reuses only whole chunks a cold run
+# also has (runtime/kv_pool.py), and one size everywhere makes the CLI's reply the server's.
 DEFAULT_PREFILL_CHUNK = 128
 
 
@@ -20,4 +20,4 @@ class SchedulerConfig:
     kv_tokens: int = 0  # the cache's capacity in tokens, all sequences together (0: the window)
     context: int = 0  # caps the model's context window (0: the bundle's)
     session_dir: str | None = None  # warm sessions persisted here and restored at start
-    prefix_reuse: str = "exact"  # "exact": whole cold chunks only (bit-exact) | "longest" (kv_pool.py)
+    prefix_reuse: str = "exact"  # "exact": bit-exact reuse (any token on the CPU) | "longest" (kv_pool.py)

@@ -5,21 +5,20 @@ running request owns its sequence; a finished one leaves it warm, generated toke
 the next turn of a chat (or the next step of an agent loop with a fixed system prompt) finds its
 history already computed.
 
-Reuse is exact: a reused prefix ends where a cold run's prefill chunk would start, and only
-tokens that were computed as whole chunks of that cold run's are reused (`Seq.exact`). The rest of
-the prompt then runs in the very chunks a cold run has, against the very KV it would have, so the
-logits are a cold run's, bit for bit. (A decode step, or a chunk cut short, computes a token with
-other kernels or another split of its history: equal to float rounding only, so never reused.)
+Reuse is exact: a warm reply is a cold one, bit for bit. On the CPU any shared token is reused
+(`granule` 1): goinfer's attention kernels compute a query from its keys in an order fixed by
+their positions, and every other kernel computes a row alone (compiler/kernels/attention.py), so
+a token's KV and logits are the same whether it was prefilled in one chunk or another, or
+decoded. The rest of the prompt resumes at the longest common prefix, the previous reply
+included, as llama-server does. A cache on a GPU runs TVM's stock kernels, whose prefill result
+depends on where a chunk began: there only tokens computed as whole chunks of a cold run's are
+reused (`granule` = the chunk, `Seq.exact`), and the rest of the prompt runs in a cold run's
+chunks against a cold run's KV. With `exact_only` False (--prefix-reuse longest) a GPU cache
+reuses the whole shared prefix too, and its logits equal a cold run's to float rounding only.
 
-With `exact_only` False (--prefix-reuse longest) the whole shared prefix is reused instead, as
-llama-server does: the rest of the prompt then starts mid-chunk, and its logits equal a cold run's
-to float rounding only (a greedy near-tie can go the other way).
-
-A new prompt takes over the warm sequence sharing its longest such prefix and pops the tail it
-does not share (the reply, the last partial chunk: neither is reusable anyway). Sequences are
-never forked from one another: TVM attends a forked sequence block by block and merges the parts,
-which is a cold run's attention only to float rounding (measured on the tiny models), so the
-branch that forked, and the one it forked from, would both stop being exact. At least the last
+A new prompt takes over the warm sequence sharing its longest reusable prefix and pops the tail
+it does not share. Sequences are never forked from one another: TVM attends a forked sequence
+block by block and merges the parts, which is not the one-pass order above. At least the last
 prompt token is always recomputed: its logits start the reply.
 
 Warm sequences beyond `warm_limit`, and any needed to free pages, are dropped least recently used
@@ -48,7 +47,7 @@ class Seq:
     last_used: float = 0.0
     key: str = field(default_factory=lambda: uuid.uuid4().hex[:16])  # its file under --session-dir
     saved: int = 0  # tokens its session file holds
-    exact: int = 0  # leading tokens computed as whole chunks of a cold prefill: what may be reused
+    exact: int = 0  # leading tokens computed as a cold run computes them: what may be reused
 
 
 def common_prefix(a: list[int], b: np.ndarray) -> int:
@@ -68,6 +67,8 @@ class KVPool:
         # sessions keep their ids, and are re-prefilled when restored).
         self.on_host = on_host
         self.warm_limit, self.exact_only = warm_limit, exact_only
+        # tokens are reusable one at a time with goinfer's CPU kernels, in whole chunks on a GPU
+        self.granule = 1 if on_host else chunk
         self.seqs: dict[int, Seq] = {}
         self._ids = itertools.count(1)
         self.on_drop: Callable[[Seq], None] = lambda seq: None
@@ -75,18 +76,20 @@ class KVPool:
     # -- reuse: the one rule of which tokens a later prompt may take over ---------------------------
     def reusable(self, seq: Seq, prompt: list[int] | np.ndarray) -> int:
         """How many of `prompt`'s leading tokens `seq` may lend it: never the last prompt token
-        (its logits start the reply); in exact mode only whole chunks a cold run computes the same
-        way (`Seq.exact`)."""
+        (its logits start the reply); in exact mode only those a cold run computes the same way
+        (`Seq.exact`), in whole granules."""
         n = min(common_prefix(seq.tokens, np.asarray(prompt, np.int64)), len(prompt) - 1)
         if not self.exact_only:
             return n
         n = min(n, seq.exact)
-        return n - n % self.chunk
+        return n - n % self.granule
 
     def computed(self, seq: Seq, tokens: list[int]) -> None:
-        """`tokens` were just computed onto `seq` in one forward: a whole chunk of a cold run, on a
-        cold run's history, stays reusable; anything else (a decode step, a short chunk) is not."""
-        if len(tokens) == self.chunk and seq.exact == len(seq.tokens) and seq.exact % self.chunk == 0:
+        """`tokens` were just computed onto `seq` in one forward. With granule 1 every token is a
+        cold run's; otherwise only a whole chunk on a cold run's history (a decode step or a short
+        chunk computes a token with other kernels or another split of its history)."""
+        whole = self.granule == 1 or (len(tokens) == self.chunk and seq.exact % self.chunk == 0)
+        if whole and seq.exact == len(seq.tokens):
             seq.exact += len(tokens)
         seq.tokens.extend(tokens)
 
@@ -100,7 +103,7 @@ class KVPool:
         rt.pop_tokens(self.kv, best.id, len(best.tokens) - best_len)
         del best.tokens[best_len:]
         exact = min(best.exact, best_len)
-        best.busy, best.exact = True, exact - exact % self.chunk
+        best.busy, best.exact = True, exact - exact % self.granule
         return best, best_len
 
     def new(self) -> Seq:

@@ -17,8 +17,8 @@ Each scheduler step runs
 Prompt chunks are never packed into a decode forward: the prefill attention kernels would then
 serve the decode tokens too, and a conversation's output would depend on what ran beside it.
 Batched rows equal single rows bit for bit (each kernel computes a row the same way whatever
-the batch), prompts are always cut at the same chunk boundaries, and a reused prefix is exactly
-what a cold run computes (runtime/kv_pool.py): so at temperature 0 a conversation's reply is the
+the batch), a token computes the same wherever its prompt's chunks were cut, and a reused prefix
+is exactly what a cold run computes (runtime/kv_pool.py): so at temperature 0 a conversation's reply is the
 one it gets alone, on a cold server.
 
 Pages. Before each forward the scheduler makes room: warm sequences go first, least recently
@@ -260,7 +260,7 @@ class Scheduler:
                 log.warning("could not export session %s: %s", seq.key, e)
         meta, groups = kv or (None, [])
         saved = SavedSession(
-            seq.key, list(seq.tokens), seq.last_used, seq.exact, meta, tuple(groups), self.chunk
+            seq.key, list(seq.tokens), seq.last_used, seq.exact, meta, tuple(groups), self.pool.granule
         )
         seq.saved = len(seq.tokens)
         self.sessions.write(saved)
@@ -301,7 +301,8 @@ class Scheduler:
                      imported + fed, self.sessions.folder, t_read, took, imported, fed)  # fmt: skip
 
     def _import(self, s: SavedSession) -> bool:
-        exact = s.exact if s.chunk == self.chunk else 0  # cut in other chunks: not a cold run's
+        # reusable in granules of another size (another chunk, or a GPU's): a cold run's only from 0
+        exact = s.exact if s.chunk == self.pool.granule else 0
         try:
             self.pool.adopt_import(s.tokens, s.kv_metadata, list(s.kv_groups), s.key, s.last_used, exact)
         except ValueError as e:  # checked, yet refused: fed again from its ids instead
@@ -429,7 +430,7 @@ class Scheduler:
                 s.job.finish(error=e)
             return
         for i, (s, token) in enumerate(batch):
-            s.seq.tokens.append(token)
+            self.pool.computed(s.seq, [token])  # reusable as a prefilled token, on the CPU
             s.job.finish(rows[i])
 
     def _preempt(self, s: Session, token: int) -> None:

@@ -51,6 +51,7 @@ class SessionFiles:
         (if any) are what counts."""
         for tmp in self.folder.glob(f".*{store.SUFFIX}.tmp") if self.folder.is_dir() else ():
             tmp.unlink(missing_ok=True)
+
         def load(path: Path) -> store.SavedSession | str:
             try:
                 return store.load(path, self.bundle_id)

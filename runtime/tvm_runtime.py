@@ -150,12 +150,75 @@ def _recorder(kernel, attn_kinds: tuple[str, ...], positions: bool):
     return tvm_ffi.convert(run)
 
 
+# -- one-pass prefill attention ---------------------------------------------------------------
+# TVM's cache attends a prefill chunk in two calls, the chunk to itself (ragged) and to the
+# history (paged), then merges them: a query's output would depend on where its chunk began, and
+# warm prompts could only resume where a cold run's chunk did. goinfer's CPU kernels put one
+# kernel in the paged slots (compiler/kernels/attention.py `prefill`) that attends to both in an
+# order fixed by key position; these three functions, in the cache's ragged, paged and merge
+# slots, route TVM's calls to it: the ragged call notes the chunk's K/V and the layer's output
+# and runs the sequences without history, the paged call runs the others into that output, and
+# the merge has nothing left to do. Their places among the constructor's arguments are TVM 0.27's.
+_RAGGED_ARG, _PAGED_ARG, _PAGED_SLIDING_ARG, _MERGE_ARG = 15, 16, 18, 23
+_DTYPE_ARG, _KV_HEADS_ARG, _HEAD_DIM_ARG = 12, 3, 4
+
+
+class _PrefillRoute:
+    """One cache's routing. `scalars` are the stock kernels' last five arguments: causal, rotary
+    mode, rope scale and theta, softmax scale (ours read the last only)."""
+
+    def __init__(self, plain, dtype: str, kv_heads: int, head_dim: int):
+        self.plain = plain  # the one-pass kernel of layers without a window
+        self.chunk: tuple = ()  # the ragged call's K, V, kv indptr, history lengths, output, lse
+        # stand-ins for the page table in the ragged call's place (read by no sequence there)
+        self.no_pages = tvm_ffi.from_dlpack(_aligned_empty((1, 2, kv_heads, 16, head_dim), dtype))
+        self.no_table = int32_tensor([0])
+
+    def ragged(self, q, q_indptr, k, v, kv_indptr, q_rope, history, out, lse, *scalars) -> None:
+        """The chunk to itself: noted, and its sequences without history attended (mode 0; a chunk
+        is shorter than any window, so the windowless kernel serves every layer)."""
+        self.chunk = (k, v, kv_indptr, history, out, lse)
+        t = self.no_table
+        self.plain(q, q_indptr, self.no_pages, t, t, t, history, q_rope, out, lse, *scalars, k, v, kv_indptr,
+                   history, 0)  # fmt: skip
+
+    def paged(self, kernel):
+        """The chunk to the history: every sequence with some, over its pages and its chunk (mode
+        1), into the ragged call's output (the one the layer reads)."""
+
+        def run(q, q_indptr, pages, page_indptr, values, info, k_rope, q_rope, _out, _lse, *scalars) -> None:
+            k, v, kv_indptr, history, out, lse = self.chunk
+            kernel(q, q_indptr, pages, page_indptr, values, info, k_rope, q_rope, out, lse, *scalars, k, v,
+                   kv_indptr, history, 1)  # fmt: skip
+
+        return run
+
+    @staticmethod
+    def merge(*_args) -> None:
+        """Nothing to merge: the paged call wrote the whole result."""
+
+
+def _route_prefill(args: list) -> None:
+    """Route a CPU cache's prefill attention through one kernel (see above); a GPU cache keeps
+    TVM's stock kernels and their merge."""
+    init = args[_DTYPE_ARG]
+    if init.device.dlpack_device_type() != _CPU_DEVICE_TYPE:
+        return
+    backend, plain = args[_PAGED_ARG]
+    route = _PrefillRoute(plain, str(init.dtype), int(args[_KV_HEADS_ARG]), int(args[_HEAD_DIM_ARG]))
+    args[_RAGGED_ARG] = tvm_ffi.convert([backend, route.ragged])
+    args[_PAGED_ARG] = tvm_ffi.convert([backend, route.paged(plain)])
+    args[_PAGED_SLIDING_ARG] = tvm_ffi.convert([backend, route.paged(args[_PAGED_SLIDING_ARG][1])])
+    args[_MERGE_ARG] = tvm_ffi.convert([route.merge, *list(args[_MERGE_ARG])[1:]])
+
+
 def _create_recording_cache(*args):
     args = list(args)
     if len(args) in (28, 29):  # TVM 0.27's two forms (the 29th, last, is unused)
         kinds = tuple(dict(enumerate(_ATTN_KINDS)).get(int(k), str(k)) for k in args[6])
         args[_DEBUG_GET_KV_ARG] = _recorder(args[_DEBUG_GET_KV_ARG], kinds, positions=True)
         args[_COMPACT_COPY_ARG] = _recorder(args[_COMPACT_COPY_ARG], kinds, positions=False)
+        _route_prefill(args)
     return _create_cache(*args)
 
 

@@ -2,49 +2,44 @@
 
 TVM's CPU kernels (relax.frontend.nn.llm) are scalar and serial: one thread walks every query,
 head and key. Measured on Qwen-0.5B, 2 threads, a 512-token prompt spent 5.1 s of 16 s in them.
-These keep the stock signatures (the cache's C++ side calls them by position) and change how
-they run. Scores are in log2 units (scaled by log2(e)) and `lse` is log2-based, as the stock
-kernels leave them for the cache's merge kernel.
+Scores here are in log2 units (scaled by log2(e)) and `lse` is log2-based, as the stock kernels
+leave them.
 
-Decode (one query per sequence): one parallel task per (sequence, q head), keys in blocks of
-KEY_BLOCK with an online softmax (the output rescaled once per block), the block's dot products
-reduced together and its weights computed as one vector (see `_attend`). Against the stock
-kernels: Qwen-0.5B decode 22 -> 31-35 tok/s, most of it here.
+One core (`_tile`) computes every query, prefill or decode, in one order fixed by key position:
+keys in blocks of KEY_BLOCK = 16 at absolute positions [16 i, 16 i + 16), an online softmax over
+the blocks in order, each block's arithmetic the same whatever its keys' storage. A query's output
+is then the same bits whichever prefill chunk it was in, wherever that chunk began, whatever else
+ran in the batch, and whether it was prefilled or decoded: with every other kernel computing a row
+alone, a warm sequence resumes at any token, exactly (runtime/kv_pool.py). TVM attends a prefill
+chunk in two calls and merges them (the chunk to itself, then to the history), which ties the
+result to where the chunk began; `prefill` attends to both at once, and the runtime routes the
+cache's two calls to it (tvm_runtime `_PrefillRoute`), so its signature is the stock paged one
+plus the chunk's K/V.
 
-Prefill (ragged: the chunk attending to itself; paged: the chunk attending to the history, and its
-sliding-window variant) ran the same way, one task per (query, q head), and was bound by loading
-every key row once per query and head. It now runs tiles (`_prefill_tile`):
-
+The tile (`_tile`):
 1. GQA: a tile is ROWS = 16 (query, q head) rows of one kv head, so a key or value row is loaded
-   once for all the group's heads (Qwen 7, Gemma 4) and for ROWS / group queries.
+   once for all the group's heads (Qwen 6-7, Gemma 4) and, in prefill, for ROWS / group queries.
+   A decode step is one tile a kv head: its group's heads (before, a task per q head read each
+   K/V row once per head).
 2. Query tiling: the 16 rows are the 16 lanes of a vector, queries transposed into columns: a key
    element, broadcast, multiplies one column of all 16 rows, with no horizontal sums; softmax
    (max, exp2, sum) runs on 16 rows at once; each row keeps its own key range, so the causal and
    sliding masks hold inside a tile that spans several queries (and ends mid-query's heads).
 3. Registers: the 16 score accumulators and 8 output columns x 16 rows stay in registers through
    the head_dim loops (small buffers inside the task); exp2 is a polynomial on vectors (T.exp2 is a
-   libm call per lane); key blocks are pages, read in place (a partial one is copied, so no slot
-   past a sequence's end is read); tiles go to threads zigzag, so causal work splits evenly.
+   libm call per lane); a block wholly in pages or wholly in the chunk is read in place, an edge
+   block is copied (no slot past a sequence's end is read); tiles go to threads zigzag, so causal
+   work splits evenly.
 
-Measured, 2 threads, one layer's kernel (tests' calling convention; min of repeats, old and new in
-one process): Gemma-3-270M shape (4 q / 1 kv heads, d 256) ragged 256 tokens 5.7 -> 1.6 ms, 512
-tokens 21.3 -> 5.6 ms (25 -> 96 GFLOP/s), paged 256 over 256 of history 9.1 -> 2.8 ms (sliding)
-and 11.0 -> 2.9 ms; Qwen2.5-0.5B shape (14 / 2 heads, d 64) ragged 512 tokens 33.1 -> 5.0 ms.
-Decode unchanged. The inner loops run near this machine's broadcast-FMA rate (~3 G vector FMA/s a
-core); the rest is the per-block softmax and the transposes in and out.
-
-The stock paged prefill (history attention in chunked prefill) also reads `scale_O[d_idx]` from a
-one-element buffer, i.e. past its end; tests/test_attention_kernels.py holds ours to numpy.
+Measured (the two-call prefill these replaced had the same tile), 2 threads, one layer's kernel:
+Gemma-3-270M shape (4 q / 1 kv heads, d 256) 512 tokens 21.3 -> 5.6 ms against the task per
+(query, head) before; Qwen2.5-0.5B shape (14 / 2 heads, d 64) 512 tokens 33.1 -> 5.0 ms.
+Decode, f16 pages, one call a layer over 28 page pools (bench figures in `decode`'s docstring).
 
 Every kernel takes the cache's dtype (`dtype`: float32 or float16) for q, the K/V (pages or the
 ragged chunk) and the output, as TVM's cache hands them all in its one dtype; lse is float32 either
-way. A float16 kernel loads half, widens to float32 (LLVM's fpext: vcvtph2ps with F16C or
-AVX-512), computes exactly as the float32 one, and narrows only the output it stores. The float32
-kernels are unchanged by this (`_as` adds no cast to a value already float32). Measured, Qwen2.5-0.5B
-shape, 2 threads, each call on one of 24 page pools in turn (a step's layers, so the KV comes from
-memory): decode over 1k / 4k / 16k keys takes 0.87-0.96 / 0.81 / 0.62 of the float32 time (16k:
-159 -> 99 ns a key); prefill, which widens each block into its copy, 8% longer (512-token ragged
-2.77 -> 2.98 ms, 256 over 1024 of history 4.94 -> 5.36 ms).
+way. A float16 kernel loads half, widens each block into a float32 copy (LLVM's fpext: vcvtph2ps
+with F16C or AVX-512), computes exactly as the float32 one, and narrows only the output it stores.
 
 Only RopeMode.NONE is supported (the models apply RoPE themselves): `rotary_mode` must be 0.
 """
@@ -99,102 +94,6 @@ def check_dtype(dtype: str) -> None:
         raise ValueError(f"KV cache dtype {dtype!r}: the attention kernels take {', '.join(KV_DTYPES)}")
 
 
-def _attend(d: int, key_row, value_offset: int, paged_blocks: bool, dtype: str):
-    """The decode core: query `row` of qf attends to keys first .. first + n_keys - 1 and writes
-    row `row` of the output (in `dtype`) and lse. `key_row(where, j)` gives key j's row in the
-    flattened K/V buffer (the kernel's addressing; `where` carries what it needs), and its value's
-    row is `value_offset` rows on. With `paged_blocks`, a block's keys are one page's consecutive
-    rows.
-
-    A block of KEY_BLOCK keys at a time, all vector work:
-    1. each key's dot product as vl partial sums (independent FMA chains across the block's keys);
-    2. the partials reduced for all keys at once by a transpose tree (`_pair_sums`): no horizontal
-       sum per key, and the block's scores come out as one vector in key order;
-    3. softmax weights with the vector exp2 polynomial (T.exp2 is a libm call per lane), a masked
-       key's weight exactly 0;
-    4. output += weight x value row, d / vl independent accumulators.
-    Against one key at a time (a horizontal sum and a libm exp2f per key and head, and local
-    scalars, see tests/test_kernel_locals.py), 2 threads, one layer, min of interleaved runs:
-    SmolLM2 shape (9 q / 3 kv heads, d 64) 64 keys 13.0 -> 4.5 us, 512 keys 53.5 -> 26.4 us;
-    Qwen2.5-0.5B (14 / 2) 12.4 -> 5.0 and 95.7 -> 43.9 us; Gemma-3 (4 / 1, d 256) 11.3 -> 10.4 and
-    63.6 -> 55.7 us. Also tried: a task per (kv head, key range) with the group's heads sharing each
-    block and a merge pass (flash-decoding). It gained 20-30% at 2048 keys with d 64, but lost at
-    64 keys (fewer tasks than threads to share) and at d 256 everywhere, so it is not kept."""
-    vl = _lanes(d)
-    chunks = d // vl
-    KB = KEY_BLOCK
-
-    def at(c):
-        return T.ramp(c * vl, 1, vl)
-
-    def live(blk, n_keys):  # which of the block's keys exist (a bool vector cannot be bound)
-        return T.ramp(blk * KB, 1, KB) < T.Broadcast(n_keys, KB)
-
-    def dot(qf, kf, row, krow):  # q . k as vl partial sums: one FMA chain over d / vl chunks
-        acc = _f32(qf[row, at(0)]) * _f32(kf[krow, at(0)])
-        for c in range(1, chunks):
-            acc = acc + _f32(qf[row, at(c)]) * _f32(kf[krow, at(c)])
-        return acc
-
-    @T.macro
-    def attend(qf, kf, vf, of, lf, row, where, first, n_keys, scale):
-        o = T.alloc_buffer((d,), "float32")
-        krow = T.alloc_buffer((KB,), "int32")
-        p = T.alloc_buffer((KB,), "float32")
-        state = T.alloc_buffer((2,), "float32")  # running max, running sum
-        for c in T.unroll(chunks):
-            o[at(c)] = T.Broadcast(T.float32(0), vl)
-        state[0] = T.float32(_MIN)
-        state[1] = T.float32(0)
-        for blk in T.serial((n_keys + KB - 1) // KB):
-            if paged_blocks:  # one page lookup a block
-                base = T.Bind(key_row(where, first + blk * KB))
-                for jj in T.serial(KB):
-                    krow[jj] = base + T.min(jj, n_keys - 1 - blk * KB)  # past the end: valid, masked
-            else:
-                for jj in T.serial(KB):
-                    krow[jj] = key_row(where, first + T.min(blk * KB + jj, n_keys - 1))
-            dots = _pair_sums([dot(qf, kf, row, krow[jj]) for jj in range(KB)], vl)
-            scores = T.Bind(T.Select(live(blk, n_keys), dots * T.Broadcast(scale, KB), _splat(_MIN)))
-            p[T.ramp(0, 1, KB)] = scores
-            # online softmax: fold this block into the running max/sum, rescale the output once
-            m_new = T.Bind(T.max(state[0], _tree(T.max, [p[jj] for jj in range(KB)])))
-            alpha = T.Bind(T.exp2(state[0] - m_new))
-            weights = T.Bind(_weight(scores - T.Broadcast(m_new, KB)))
-            p[T.ramp(0, 1, KB)] = T.Select(live(blk, n_keys), weights, _splat(0))
-            state[0] = m_new
-            state[1] = state[1] * alpha + _tree(_add, [p[jj] for jj in range(KB)])
-            for c in T.unroll(chunks):
-                o[at(c)] = o[at(c)] * T.Broadcast(alpha, vl)
-            for jj in T.unroll(KB):
-                for c in T.unroll(chunks):
-                    o[at(c)] = o[at(c)] + _f32(vf[krow[jj] + value_offset, at(c)]) * T.Broadcast(p[jj], vl)
-        inv = T.Bind(T.float32(1) / T.max(state[1], T.float32(1e-30)))  # no keys: output 0, not NaN
-        for c in T.unroll(chunks):
-            of[row, at(c)] = _as(dtype, o[at(c)] * T.Broadcast(inv, vl))
-        lf[row] = state[0] + T.log2(T.max(state[1], T.float32(1e-30)))
-
-    return attend
-
-
-def _pair_sums(vectors: list, vl: int):
-    """n vectors of vl partial sums each (one per key) -> the n totals as one n-lane vector, in
-    order. Each level adds neighbouring lanes of two vectors into one (two shuffles and an add):
-    a vector then holds twice the keys, with half the partials each. Called while a kernel is
-    parsed: every vector is bound once (T.Bind), or each use would copy its whole subtree."""
-    evens = [2 * i for i in range(vl)]
-    odds = [2 * i + 1 for i in range(vl)]
-    partials = vl
-    vectors = [T.Bind(v) for v in vectors]
-    while partials > 1:
-        vectors = [
-            T.Bind(T.Shuffle([a, b], evens) + T.Shuffle([a, b], odds))
-            for a, b in zip(vectors[0::2], vectors[1::2], strict=True)
-        ]
-        partials //= 2
-    return vectors[0] if len(vectors) == 1 else T.Shuffle(vectors, list(range(len(vectors) * vl)))
-
-
 def _splat(x):
     return T.Broadcast(T.float32(x), KEY_BLOCK)
 
@@ -227,26 +126,30 @@ def _zigzag(u, n):
     return T.if_then_else(u % 2 == 0, u // 2, n - 1 - u // 2)
 
 
-def _prefill_tile(d: int, h_kv: int, h_q: int, stride: int, aligned: bool, block_at, dtype: str):
-    """The prefill core: `attend(...)` runs one tile of ROWS query rows against its keys.
+def _tile(d: int, h_kv: int, h_q: int, dtype: str):
+    """The one attention core: `attend(...)` runs one tile of up to ROWS (query, q head) rows of
+    one kv head against their keys, in an order fixed by the keys' absolute positions.
 
-    A tile's rows are (query, q head) pairs of one kv head, query-major (row f of a sequence is
-    query f // group, head hk * group + f % group): ROWS / group queries times the group's heads,
-    possibly ending part-way through a query's heads. Each row has its own key range
-    [lo_b[r], hi_b[r]), so the causal and sliding masks hold inside a tile.
+    Keys live in two places: the sequence's history in the cache's pages (absolute positions
+    [hist_lo, H): key j at page slot j + shift, the slots of a page KEY_BLOCK rows of d apart),
+    and the chunk being prefilled in the ragged K/V (positions [H, chunk_end): key j at row
+    (row0 + j - H, hk), h_kv rows of d apart). `where` = (page table values, first page, shift,
+    hist_lo, H, row0, chunk_end, hk). Lane r's row is rows[r] of q and the output; it sees keys
+    [lo_b[r], hi_b[r]) (its causal and sliding masks; empty for an unused lane).
 
-    Keys come in runs (segments) [a, b) whose key j sits at position p = j + shift of the
-    sequence's storage; `block_at(where, p, kv)` is the flat offset of the key (kv=0) or value
-    (kv=1) row at p, and the rows at p, p+1, ... are `stride` apart up to the next multiple of
-    KEY_BLOCK (a page) when `aligned`, or for good otherwise (the ragged K/V).
-
-    q, K/V and the output are `dtype`. float32 K/V blocks are read in place; float16 ones are
-    widened into the edge blocks' float32 copy first (a key element, broadcast, then is one load
-    as in float32; the copy costs one conversion per element against ROWS x 2 FMAs)."""
+    Blocks are the KEY_BLOCK keys [16 i, 16 i + 16) of absolute positions, in order, whichever
+    place each key comes from: a row's result depends on its query and its keys only, never on
+    where a prefill chunk was cut, which rows share its tile, or whether it is a decode step.
+    That is what lets a warm sequence resume at any token, bit for bit (runtime/kv_pool.py).
+    A block wholly in one place is read in place (float32); an edge block is copied, its keys
+    from wherever they live and zeros where none is visible (masked: weight exactly 0). A
+    float16 block is widened into the copy first. Fully masked blocks leave a row unchanged:
+    its max stays, 2**0 is exactly 1, and its weights are 0."""
     assert KEY_BLOCK == PAGE_SIZE
-    R, KB, group = ROWS, KEY_BLOCK, h_q // h_kv
+    R, KB = ROWS, KEY_BLOCK
     U = math.gcd(d, PV_UNROLL)
-    vl = _lanes(d)  # edge copies, vl floats at a time
+    vl = _lanes(d)  # copies, vl floats at a time
+    chunk_stride = h_kv * d
 
     def at(i):  # the i-th vector of ROWS lanes
         return T.ramp(i * R, 1, R)
@@ -257,14 +160,14 @@ def _prefill_tile(d: int, h_kv: int, h_q: int, stride: int, aligned: bool, block
     def sees(j, lo, hi):  # which rows see key j
         return T.And(_vec(j) >= lo, _vec(j) < hi)
 
-    def pick(segs, seg, i):  # field i of segment `seg` (a loop variable) of the Python tuple
-        value = segs[-1][i]
-        for k in range(len(segs) - 1):
-            value = T.if_then_else(seg == k, segs[k][i], value)
-        return value
+    def page_at(where, j, kv):  # flat offset of history key j's row (kv 0) or its value's (kv 1)
+        values, first, shift, _, _, _, _, hk = where
+        p = j + shift
+        return (((values[first + p // PAGE_SIZE] * 2 + kv) * h_kv + hk) * PAGE_SIZE + p % PAGE_SIZE) * d
 
-    def q_row(q0, hk, f):
-        return (q0 + f // group) * h_q + hk * group + f % group
+    def chunk_at(where, j):  # flat offset of chunk key j's row in the ragged K (or V)
+        _, _, _, _, h, row0, _, hk = where
+        return ((row0 + j - h) * h_kv + hk) * d
 
     zeros = _vec(T.float32(0))
     lowest = _vec(T.float32(_MIN))
@@ -309,7 +212,7 @@ def _prefill_tile(d: int, h_kv: int, h_q: int, stride: int, aligned: bool, block
             vb[T.ramp(jj * d + c * vl, 1, vl)] = _f32(vsrc[T.ramp(v_row + c * vl, 1, vl)])
 
     @T.macro
-    def attend(qf, of, lf, q0, hk, tile, n_rows, scale, lo_b, hi_b, ksrc, vsrc, where, segs):
+    def attend(qf, of, lf, rows, n_live, scale, lo_b, hi_b, pf, kf, vf, where):
         qt = T.alloc_buffer((d * R,), "float32")  # the tile's queries, transposed: qt[c, row]
         ot = T.alloc_buffer((d * R,), "float32")  # its output, transposed
         kb = T.alloc_buffer((KB * d,), "float32")  # an edge (or float16) block's keys, copied
@@ -319,13 +222,11 @@ def _prefill_tile(d: int, h_kv: int, h_q: int, stride: int, aligned: bool, block
         ms = T.alloc_buffer((R,), "float32")  # running max
         ls = T.alloc_buffer((R,), "float32")  # running sum
         span = T.alloc_buffer((2,), "int32")  # the keys any row sees
-        bounds = T.alloc_buffer((3,), "int32")
-        rows = T.alloc_buffer((R,), "int32")  # each row's q / output row (past the last: the last's)
+        hist_lo, h, chunk_end = T.meta_var((where[3], where[4], where[6]))
         span[0] = T.int32(2**31 - 1)
         span[1] = 0
         for r in T.serial(R):
-            rows[r] = q_row(q0, hk, T.min(tile * R + r, n_rows - 1))
-            if tile * R + r >= n_rows:  # past the last query: sees nothing, written nowhere
+            if r >= n_live:  # an unused lane: sees nothing, written nowhere
                 lo_b[r] = 0
                 hi_b[r] = 0
             if lo_b[r] < hi_b[r]:
@@ -340,65 +241,160 @@ def _prefill_tile(d: int, h_kv: int, h_q: int, stride: int, aligned: bool, block
             ot[at(c)] = zeros
         ms[at(0)] = lowest
         ls[at(0)] = zeros
-        for seg in T.serial(len(segs)):
-            # the segment's keys [a, b) and shift, kept in memory: as bound values LLVM
-            # specializes the segment loop and a sliding kernel takes 10x as long to compile
-            bounds[0] = T.max(span[0], pick(segs, seg, 0))
-            bounds[1] = T.min(span[1], pick(segs, seg, 1))
-            bounds[2] = pick(segs, seg, 2)
-            a, b, shift = T.meta_var((bounds[0], bounds[1], bounds[2]))
-            if a < b:
-                lo = T.Bind(T.max(lo_b[at(0)], _vec(a)))  # each row's range, cut to this segment
-                hi = T.Bind(T.min(hi_b[at(0)], _vec(b)))
-                p_start = T.Bind((a + shift) // KB * KB if aligned else a + shift)
-                for blk in T.serial((b + shift - p_start + KB - 1) // KB):
-                    j0 = T.Bind(p_start + blk * KB - shift)
-                    if j0 >= a and j0 + KB <= b:  # KB real keys, contiguous: read in place
-                        k0 = T.Bind(block_at(where, j0 + shift, 0))
-                        v0 = T.Bind(block_at(where, j0 + shift, 1))
-                        if in_place:
-                            block(ksrc, k0, vsrc, v0, stride, j0, lo, hi, qt, ot, s, ms, ls, acc)
-                        else:  # float16: widened into kb / vb first
-                            for jj in T.serial(KB):
-                                copy_row(kb, vb, jj, ksrc, k0 + jj * stride, vsrc, v0 + jj * stride)
-                            block(kb, 0, vb, 0, d, j0, lo, hi, qt, ot, s, ms, ls, acc)
-                    else:  # an edge: copy the real keys, zeros elsewhere (masked; never garbage)
+        lo = T.Bind(lo_b[at(0)])
+        hi = T.Bind(hi_b[at(0)])
+        if span[0] < span[1]:
+            for blk in T.serial((span[1] + KB - 1) // KB - span[0] // KB):
+                j0 = T.Bind((span[0] // KB + blk) * KB)
+                if j0 >= hist_lo and j0 + KB <= h:  # one page of history
+                    k0 = T.Bind(page_at(where, j0, 0))
+                    v0 = T.Bind(page_at(where, j0, 1))
+                    if in_place:
+                        block(pf, k0, pf, v0, d, j0, lo, hi, qt, ot, s, ms, ls, acc)
+                    else:
                         for jj in T.serial(KB):
-                            if j0 + jj >= a and j0 + jj < b:
-                                k_row = T.Bind(block_at(where, j0 + jj + shift, 0))
-                                v_row = T.Bind(block_at(where, j0 + jj + shift, 1))
-                                copy_row(kb, vb, jj, ksrc, k_row, vsrc, v_row)
-                            else:
-                                for c in T.serial(d // vl):
-                                    kb[T.ramp(jj * d + c * vl, 1, vl)] = T.Broadcast(T.float32(0), vl)
-                                    vb[T.ramp(jj * d + c * vl, 1, vl)] = T.Broadcast(T.float32(0), vl)
+                            copy_row(kb, vb, jj, pf, k0 + jj * d, pf, v0 + jj * d)
                         block(kb, 0, vb, 0, d, j0, lo, hi, qt, ot, s, ms, ls, acc)
+                elif j0 >= h and j0 + KB <= chunk_end:  # KB keys of the chunk
+                    k0 = T.Bind(chunk_at(where, j0))
+                    if in_place:
+                        block(kf, k0, vf, k0, chunk_stride, j0, lo, hi, qt, ot, s, ms, ls, acc)
+                    else:
+                        for jj in T.serial(KB):
+                            copy_row(kb, vb, jj, kf, k0 + jj * chunk_stride, vf, k0 + jj * chunk_stride)
+                        block(kb, 0, vb, 0, d, j0, lo, hi, qt, ot, s, ms, ls, acc)
+                else:  # an edge: each key from its place, zeros where there is none
+                    for jj in T.serial(KB):
+                        j = T.Bind(j0 + jj)
+                        if j >= span[0] and j >= hist_lo and j < h:
+                            copy_row(kb, vb, jj, pf, page_at(where, j, 0), pf, page_at(where, j, 1))
+                        elif j >= span[0] and j >= h and j < chunk_end:
+                            copy_row(kb, vb, jj, kf, chunk_at(where, j), vf, chunk_at(where, j))
+                        else:
+                            for c in T.serial(d // vl):
+                                kb[T.ramp(jj * d + c * vl, 1, vl)] = T.Broadcast(T.float32(0), vl)
+                                vb[T.ramp(jj * d + c * vl, 1, vl)] = T.Broadcast(T.float32(0), vl)
+                    block(kb, 0, vb, 0, d, j0, lo, hi, qt, ot, s, ms, ls, acc)
         ls[at(0)] = T.max(ls[at(0)], _vec(T.float32(1e-30)))  # no keys: output 0, not NaN
         for r in T.serial(R):
-            if tile * R + r < n_rows:
+            if r < n_live:
                 lf[rows[r]] = ms[r] + T.log2(ls[r])
         ls[at(0)] = _vec(T.float32(1)) / ls[at(0)]  # now 1 / sum
         for r in T.serial(R):
-            if tile * R + r < n_rows:
+            if r < n_live:
                 for c in T.serial(d):
                     of[rows[r], c] = _as(dtype, ot[c * R + r] * ls[r])
 
     return attend
 
 
-def prefill_ragged(h_kv: int, h_q: int, d: int, dtype: str = "float32") -> tirx.PrimFunc:
-    """Prompt tokens attending to themselves (causal), the stock `batch_prefill_ragged_kv`'s
-    signature. K/V rows are [token, kv head]: key j of a sequence is row (kv start + j, hk)."""
+def _window_lo(window: int, pos):
+    """The first key position a query at `pos` sees: its window's start, or 0 without one."""
+    return T.max(pos - window + 1, 0) if window > 0 else 0
+
+
+def prefill(h_kv: int, h_q: int, d: int, sliding: bool, window: int, dtype: str = "float32") -> tirx.PrimFunc:
+    """A prefill chunk attending to its sequence's history and to itself, in one pass.
+
+    TVM's cache runs prefill attention as two kernels, the chunk against itself (ragged) and
+    against the history (paged), then merges the two results: a query's output would then
+    depend on where its chunk began. This kernel sees both: the stock paged prefill's arguments,
+    then the chunk's ragged K/V with its indptr, each sequence's history length (`hist`, the
+    ragged kernel's k_rope_pos_offset) and `mode`: 0, the sequences without history (run in the
+    ragged kernel's place, with no pages), 1, those with some (in the paged kernel's place). The
+    runtime (tvm_runtime) routes TVM's two calls here and makes the merge a no-op; `output` and
+    `lse` are the ragged call's, where the layer's result is read. With `sliding`, length_info
+    is (3, batch): last page length, window offset, sink (0: goinfer sets no attention sink)."""
     check_dtype(dtype)
     group = h_q // h_kv
-
-    def block_at(where, p, kv):  # where = (first key token, kv head); K and V are two buffers
-        return ((where[0] + p) * h_kv + where[1]) * d
-
-    attend = _prefill_tile(d, h_kv, h_q, h_kv * d, False, block_at, dtype)
+    window = window if sliding else 0
+    attend = _tile(d, h_kv, h_q, dtype)
 
     @T.prim_func(private=True)
-    def attention_prefill_ragged(
+    def attention_prefill(
+        var_q: T.handle,
+        var_q_indptr: T.handle,
+        var_pages: T.handle,
+        var_page_indptr: T.handle,
+        var_page_values: T.handle,
+        var_length_info: T.handle,
+        var_k_rope_pos_offset: T.handle,
+        var_q_rope_position: T.handle,
+        var_output: T.handle,
+        var_lse: T.handle,
+        causal: T.int32,
+        rotary_mode: T.int32,
+        rope_scale: T.float32,
+        rope_theta: T.float32,
+        sm_scale: T.float32,
+        var_k: T.handle,
+        var_v: T.handle,
+        var_kv_indptr: T.handle,
+        var_hist: T.handle,
+        mode: T.int32,
+    ):
+        T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
+        batch, total, kv_len, nnz_pages, max_pages = T.int32(), T.int32(), T.int32(), T.int32(), T.int32()
+        n_ptr, n_info, n_kr = T.int32(), T.int32(), T.int32()
+        qi_off, ip_off, pv_off, kv_off, hi_off = T.int32(), T.int32(), T.int32(), T.int32(), T.int32()
+        kr_off, qr_off, li_off = T.int32(), T.int32(), T.int32()
+        q = T.match_buffer(var_q, (total, h_q, d), dtype)
+        q_indptr = T.match_buffer(var_q_indptr, (batch + 1,), "int32", elem_offset=qi_off)
+        pages = T.match_buffer(var_pages, (max_pages, 2, h_kv, PAGE_SIZE, d), dtype)
+        # the page table and length info are read only in mode 1 (mode 0 passes stand-ins)
+        page_indptr = T.match_buffer(var_page_indptr, (n_ptr,), "int32", elem_offset=ip_off)
+        page_values = T.match_buffer(var_page_values, (nnz_pages,), "int32", elem_offset=pv_off)
+        info = T.match_buffer(var_length_info, _info_shape(sliding, n_info), "int32", elem_offset=li_off)
+        T.match_buffer(var_k_rope_pos_offset, (n_kr,), "int32", elem_offset=kr_off)
+        T.match_buffer(var_q_rope_position, (total,), "int32", elem_offset=qr_off)
+        output = T.match_buffer(var_output, (total, h_q, d), dtype)
+        lse = T.match_buffer(var_lse, (total, h_q), "float32")
+        k = T.match_buffer(var_k, (kv_len, h_kv, d), dtype)
+        v = T.match_buffer(var_v, (kv_len, h_kv, d), dtype)
+        kv_indptr = T.match_buffer(var_kv_indptr, (batch + 1,), "int32", elem_offset=kv_off)
+        hist = T.match_buffer(var_hist, (batch,), "int32", elem_offset=hi_off)
+        assert rotary_mode == 0, "goinfer's attention kernels expect RoPE applied by the model"
+        qf = T.decl_buffer((total * h_q, d), dtype, data=q.data)
+        pf = T.decl_buffer((max_pages * 2 * h_kv * PAGE_SIZE * d,), dtype, data=pages.data)
+        kf = T.decl_buffer((kv_len * h_kv * d,), dtype, data=k.data)
+        vf = T.decl_buffer((kv_len * h_kv * d,), dtype, data=v.data)
+        of = T.decl_buffer((total * h_q, d), dtype, data=output.data)
+        lf = T.decl_buffer((total * h_q,), "float32", data=lse.data)
+        for b in T.serial(batch):
+            h = T.Bind(hist[b])
+            if (mode == 0 and h == 0) or (mode == 1 and h > 0):
+                n_q = T.Bind(q_indptr[b + 1] - q_indptr[b])
+                n_pages = T.Bind(T.if_then_else(mode == 1, page_indptr[b + 1] - page_indptr[b], 0))
+                n_kv = T.Bind(T.if_then_else(n_pages > 0, _kv_len(info, sliding, b, n_pages), 0))
+                offset = T.Bind(_window_offset(info, sliding, b))
+                first = T.Bind(T.if_then_else(mode == 1, page_indptr[b], 0))
+                n_tiles = T.Bind((n_q * group + ROWS - 1) // ROWS)
+                for task in T.parallel(n_tiles * h_kv):
+                    hk = T.Bind(task % h_kv)
+                    tile = T.Bind(_zigzag(task // h_kv, n_tiles))
+                    rows = T.alloc_buffer((ROWS,), "int32")
+                    lo_b = T.alloc_buffer((ROWS,), "int32")  # each row's keys [lo, hi)
+                    hi_b = T.alloc_buffer((ROWS,), "int32")
+                    for r in T.serial(ROWS):  # row f: query f // group, head hk * group + f % group
+                        f = T.Bind(T.min(tile * ROWS + r, n_q * group - 1))
+                        rows[r] = (q_indptr[b] + f // group) * h_q + hk * group + f % group
+                        lo_b[r] = _window_lo(window, h + f // group)
+                        hi_b[r] = h + f // group + 1
+                    where = T.meta_var((page_values, first, offset - (h - n_kv), h - n_kv, h,
+                                        kv_indptr[b], h + n_q, hk))  # fmt: skip
+                    attend(qf, of, lf, rows, n_q * group - tile * ROWS, sm_scale * LOG2E,
+                           lo_b, hi_b, pf, kf, vf, where)  # fmt: skip
+
+    return attention_prefill
+
+
+def ragged_unrouted(h_kv: int, h_q: int, d: int, dtype: str = "float32") -> tirx.PrimFunc:
+    """In the stock ragged kernel's place: the runtime routes that call to `prefill` (mode 0),
+    so this runs only where it was not, and says so rather than attend half the keys."""
+    check_dtype(dtype)
+
+    @T.prim_func(private=True)
+    def attention_ragged_unrouted(
         var_q: T.handle,
         var_q_indptr: T.handle,
         var_k: T.handle,
@@ -414,55 +410,31 @@ def prefill_ragged(h_kv: int, h_q: int, d: int, dtype: str = "float32") -> tirx.
         rope_theta: T.float32,
         sm_scale: T.float32,
     ):
-        T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
-        batch_size, qo_len, kv_len = T.int32(), T.int32(), T.int32()
-        q_off, kv_off, qr_off, kr_off = T.int32(), T.int32(), T.int32(), T.int32()
-        q = T.match_buffer(var_q, (qo_len, h_q, d), dtype)
-        q_indptr = T.match_buffer(var_q_indptr, (batch_size + 1,), "int32", elem_offset=q_off)
-        k = T.match_buffer(var_k, (kv_len, h_kv, d), dtype)
-        v = T.match_buffer(var_v, (kv_len, h_kv, d), dtype)
-        kv_indptr = T.match_buffer(var_kv_indptr, (batch_size + 1,), "int32", elem_offset=kv_off)
-        T.match_buffer(var_q_rope_position, (qo_len,), "int32", elem_offset=qr_off)
-        T.match_buffer(var_k_rope_pos_offset, (batch_size,), "int32", elem_offset=kr_off)
-        output = T.match_buffer(var_output, (qo_len, h_q, d), dtype)
-        lse = T.match_buffer(var_lse, (qo_len, h_q), "float32")
-        assert rotary_mode == 0, "goinfer's attention kernels expect RoPE applied by the model"
-        # the same memory as rows of d ((token, head) -> row), and K/V flat
-        qf = T.decl_buffer((qo_len * h_q, d), dtype, data=q.data)
-        kf = T.decl_buffer((kv_len * h_kv * d,), dtype, data=k.data)
-        vf = T.decl_buffer((kv_len * h_kv * d,), dtype, data=v.data)
-        of = T.decl_buffer((qo_len * h_q, d), dtype, data=output.data)
-        lf = T.decl_buffer((qo_len * h_q,), "float32", data=lse.data)
-        for b in T.serial(batch_size):
-            n_q = T.Bind(q_indptr[b + 1] - q_indptr[b])
-            n_kv = T.Bind(kv_indptr[b + 1] - kv_indptr[b])
-            n_tiles = T.Bind((n_q * group + ROWS - 1) // ROWS)
-            # a task per (tile of 16 query x head rows, kv head), 128 for Gemma's 512 tokens and
-            # 448 for Qwen's; 512-token prompt: 21.3 -> 5.6 ms (Gemma), 33.1 -> 5.0 ms (Qwen)
-            for task in T.parallel(n_tiles * h_kv):
-                hk = T.Bind(task % h_kv)
-                tile = T.Bind(_zigzag(task // h_kv, n_tiles))
-                lo_b = T.alloc_buffer((ROWS,), "int32")  # each row's keys [lo, hi)
-                hi_b = T.alloc_buffer((ROWS,), "int32")
-                for r in T.serial(ROWS):  # causal: query qi sees keys up to its own position
-                    qi = T.Bind((tile * ROWS + r) // group)
-                    lo_b[r] = 0
-                    hi_b[r] = T.if_then_else(causal > 0, T.min(n_kv - n_q + qi + 1, n_kv), n_kv)
-                segs = T.meta_var(((0, n_kv, 0),))
-                attend(qf, of, lf, q_indptr[b], hk, tile, n_q * group, sm_scale * LOG2E,
-                       lo_b, hi_b, kf, vf, (kv_indptr[b], hk), segs)  # fmt: skip
+        T.func_attr({"tirx.is_scheduled": True})
+        n = T.int32()
+        T.match_buffer(var_q, (n, h_q, d), dtype)  # the cache's dtype, as the stock kernel's
+        assert rotary_mode < 0, "goinfer's prefill attention runs through its runtime (tvm_runtime)"
 
-    return attention_prefill_ragged
+    return attention_ragged_unrouted
 
 
-def decode_paged(h_kv: int, h_q: int, d: int, sliding: bool, dtype: str = "float32") -> tirx.PrimFunc:
-    """One new token per sequence over its paged history, the stock `batch_decode_paged_kv`'s
-    signature. With `sliding`, length_info is (3, batch): last page length, window offset, sink."""
+def decode(h_kv: int, h_q: int, d: int, sliding: bool, window: int, dtype: str = "float32") -> tirx.PrimFunc:
+    """One new token per sequence over its pages (its own K/V among them: TVM appends before a
+    decode step attends), the stock `batch_decode_paged_kv`'s signature.
+
+    The tile core as prefill runs it, so a decode step's output is a prefill's bit for bit. A
+    task is one sequence's kv head and its group's q heads as the lanes: each K/V row is read
+    once for the group (once per q head before: 7 times on Qwen2.5-0.5B). With one kv head the
+    group is split over two tasks, so two cores share the keys."""
     check_dtype(dtype)
-    attend = _paged_attend(h_kv, h_q, d, sliding, dtype)
+    group = h_q // h_kv
+    window = window if sliding else 0
+    splits = max(-(-group // ROWS), 2 if h_kv == 1 and group > 1 else 1)
+    per_task = -(-group // splits)
+    attend = _tile(d, h_kv, h_q, dtype)
 
     @T.prim_func(private=True)
-    def attention_decode_paged(
+    def attention_decode(
         q_handle: T.handle,
         pages_handle: T.handle,
         page_indptr_handle: T.handle,
@@ -486,134 +458,47 @@ def decode_paged(h_kv: int, h_q: int, d: int, sliding: bool, dtype: str = "float
         page_values = T.match_buffer(page_values_handle, (nnz_pages,), "int32", elem_offset=pv_off)
         info = T.match_buffer(var_length_info, _info_shape(sliding, batch), "int32", elem_offset=li_off)
         T.match_buffer(k_rope_pos_offset_handle, (batch,), "int32", elem_offset=kr_off)
-        T.match_buffer(q_rope_position_handle, (batch,), "int32", elem_offset=qr_off)
+        q_pos = T.match_buffer(q_rope_position_handle, (batch,), "int32", elem_offset=qr_off)
         output = T.match_buffer(output_handle, (batch, h_q, d), dtype)
         lse = T.match_buffer(lse_handle, (batch, h_q), "float32")
         assert rotary_mode == 0, "goinfer's attention kernels expect RoPE applied by the model"
         qf = T.decl_buffer((batch * h_q, d), dtype, data=q.data)
-        # pages (page, k|v, kv head, slot, d) seen as rows of d
-        pf = T.decl_buffer((max_pages * 2 * h_kv * PAGE_SIZE, d), dtype, data=pages.data)
+        pf = T.decl_buffer((max_pages * 2 * h_kv * PAGE_SIZE * d,), dtype, data=pages.data)
         of = T.decl_buffer((batch * h_q, d), dtype, data=output.data)
         lf = T.decl_buffer((batch * h_q,), "float32", data=lse.data)
-        for task in T.parallel(batch * h_q):
-            b = T.Bind(task // h_q)
-            h = T.Bind(task % h_q)
-            first = T.Bind(page_indptr[b])
-            n_pages = T.Bind(page_indptr[b + 1] - first)
-            n_keys = T.Bind(T.if_then_else(n_pages > 0, _kv_len(info, sliding, b, n_pages), 0))
-            where = T.meta_var((page_values, first, info, b, h))
-            attend(qf, pf, pf, of, lf, task, where, 0, n_keys, sm_scale * LOG2E)
-
-    return attention_decode_paged
-
-
-def prefill_paged(
-    h_kv: int, h_q: int, d: int, sliding: bool, window: int, dtype: str = "float32"
-) -> tirx.PrimFunc:
-    """Prompt tokens attending to the paged history of their sequence, the stock
-    `batch_prefill_paged_kv_cpu`'s signature (its causal mask, and for sliding layers its
-    "cross" mask: query i of the chunk sees the last window - i - 1 history slots)."""
-    check_dtype(dtype)
-    group = h_q // h_kv
-    window = window if sliding else 0
-
-    def block_at(where, p, kv):  # where = (page table values, first page, kv head)
-        values, first, hk = where
-        page = values[first + p // PAGE_SIZE]
-        return (((page * 2 + kv) * h_kv + hk) * PAGE_SIZE + p % PAGE_SIZE) * d
-
-    attend = _prefill_tile(d, h_kv, h_q, d, True, block_at, dtype)
-
-    @T.prim_func(private=True)
-    def attention_prefill_paged(
-        var_q: T.handle,
-        var_q_indptr: T.handle,
-        var_pages: T.handle,
-        var_page_indptr: T.handle,
-        var_page_values: T.handle,
-        var_length_info: T.handle,
-        var_k_rope_pos_offset: T.handle,
-        var_q_rope_position: T.handle,
-        var_output: T.handle,
-        var_lse: T.handle,
-        causal: T.int32,
-        rotary_mode: T.int32,
-        rope_scale: T.float32,
-        rope_theta: T.float32,
-        sm_scale: T.float32,
-    ):
-        T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
-        batch, total, nnz_pages, max_pages = T.int32(), T.int32(), T.int32(), T.int32()
-        qi_off, ip_off, pv_off = T.int32(), T.int32(), T.int32()
-        kr_off, qr_off, li_off = T.int32(), T.int32(), T.int32()
-        q = T.match_buffer(var_q, (total, h_q, d), dtype)
-        q_indptr = T.match_buffer(var_q_indptr, (batch + 1,), "int32", elem_offset=qi_off)
-        pages = T.match_buffer(var_pages, (max_pages, 2, h_kv, PAGE_SIZE, d), dtype)
-        page_indptr = T.match_buffer(var_page_indptr, (batch + 1,), "int32", elem_offset=ip_off)
-        page_values = T.match_buffer(var_page_values, (nnz_pages,), "int32", elem_offset=pv_off)
-        info = T.match_buffer(var_length_info, _info_shape(sliding, batch), "int32", elem_offset=li_off)
-        T.match_buffer(var_k_rope_pos_offset, (batch,), "int32", elem_offset=kr_off)
-        T.match_buffer(var_q_rope_position, (total,), "int32", elem_offset=qr_off)
-        output = T.match_buffer(var_output, (total, h_q, d), dtype)
-        lse = T.match_buffer(var_lse, (total, h_q), "float32")
-        assert rotary_mode == 0, "goinfer's attention kernels expect RoPE applied by the model"
-        qf = T.decl_buffer((total * h_q, d), dtype, data=q.data)
-        pf = T.decl_buffer((max_pages * 2 * h_kv * PAGE_SIZE * d,), dtype, data=pages.data)
-        of = T.decl_buffer((total * h_q, d), dtype, data=output.data)
-        lf = T.decl_buffer((total * h_q,), "float32", data=lse.data)
-        for b in T.serial(batch):
-            n_q = T.Bind(q_indptr[b + 1] - q_indptr[b])
+        for task in T.parallel(batch * h_kv * splits):
+            b = T.Bind(task // (h_kv * splits))
+            hk = T.Bind(task // splits % h_kv)
+            head0 = T.Bind(task % splits * per_task)
             n_pages = T.Bind(page_indptr[b + 1] - page_indptr[b])
             n_kv = T.Bind(T.if_then_else(n_pages > 0, _kv_len(info, sliding, b, n_pages), 0))
-            n_tiles = T.Bind((n_q * group + ROWS - 1) // ROWS)
-            # as the ragged kernel, keys read from their pages; Gemma, 256 queries over 256 slots
-            # of history: 9.1 -> 2.8 ms (sliding), 11.0 -> 2.9 ms
-            for task in T.parallel(n_tiles * h_kv):
-                hk = T.Bind(task % h_kv)
-                tile = T.Bind(_zigzag(task // h_kv, n_tiles))
-                lo_b = T.alloc_buffer((ROWS,), "int32")  # each row's keys [lo, hi)
-                hi_b = T.alloc_buffer((ROWS,), "int32")
-                for r in T.serial(ROWS):
-                    lo_b[r] = _visible(causal, window, n_kv, n_q, (tile * ROWS + r) // group)[0]
-                    hi_b[r] = _visible(causal, window, n_kv, n_q, (tile * ROWS + r) // group)[1]
-                where = T.meta_var((page_values, page_indptr[b], hk))
-                segs = T.meta_var(_segments(info, sliding, b, n_kv))
-                attend(qf, of, lf, q_indptr[b], hk, tile, n_q * group, sm_scale * LOG2E,
-                       lo_b, hi_b, pf, pf, where, segs)  # fmt: skip
+            # the query's absolute position: the last key's (with a window, from the rope map)
+            pos = T.Bind(_query_pos(q_pos, sliding, b, n_kv))
+            offset = T.Bind(_window_offset(info, sliding, b))
+            rows = T.alloc_buffer((ROWS,), "int32")
+            lo_b = T.alloc_buffer((ROWS,), "int32")
+            hi_b = T.alloc_buffer((ROWS,), "int32")
+            for r in T.serial(ROWS):
+                rows[r] = b * h_q + hk * group + T.min(head0 + r, group - 1)
+                lo_b[r] = _window_lo(window, pos)
+                hi_b[r] = pos + 1
+            where = T.meta_var((page_values, page_indptr[b], offset - (pos + 1 - n_kv), pos + 1 - n_kv,
+                                pos + 1, 0, pos + 1, hk))  # fmt: skip
+            attend(qf, of, lf, rows, T.min(per_task, group - head0), sm_scale * LOG2E,
+                   lo_b, hi_b, pf, pf, pf, where)  # fmt: skip
 
-    return attention_prefill_paged
-
-
-def _visible(causal, window: int, n_kv, n_q, qi):
-    """The run [lo, hi) of history slots query qi of an n_q-token chunk sees (the stock masks)."""
-    if window > 0:  # sliding layers, causal: the last window - qi - 1 slots
-        lo = T.if_then_else(causal > 0, T.max(n_kv - T.max(window - qi - 1, 0), 0), 0)
-        return lo, n_kv
-    return 0, T.if_then_else(causal > 0, T.min(n_kv - n_q + qi + 1, n_kv), n_kv)
+    return attention_decode
 
 
-def _segments(info, sliding: bool, b, n_kv):
-    """The runs (first key, end, shift) of visible keys whose slots are key + shift: without a
-    window, all of them at their own slots; with one, the sink at slots 0.., then the window."""
-    if not sliding:
-        return ((0, n_kv, 0),)
-    sink = T.min(info[2, b], n_kv)
-    return ((0, sink, 0), (sink, n_kv, info[1, b] - info[2, b]))
+def _window_offset(info, sliding: bool, b):
+    """The slot of the first key in sequence b's window (sliding layers), else 0."""
+    return info[1, b] if sliding else 0
 
 
-def _paged_attend(h_kv: int, h_q: int, d: int, sliding: bool, dtype: str):
-    """The core, addressing keys in pages: where = (page table values, first page, length info,
-    sequence, head)."""
-    group = h_q // h_kv
-
-    def slot(where, j, kv):
-        values, first, info, b, h = where
-        pos = _seq_pos(info, sliding, b, j)
-        page = values[first + pos // PAGE_SIZE]
-        return ((page * 2 + kv) * h_kv + h // group) * PAGE_SIZE + pos % PAGE_SIZE
-
-    # a page holds all kv heads' keys, then their values: a value is h_kv * PAGE_SIZE rows on
-    return _attend(d, lambda where, j: slot(where, j, 0), h_kv * PAGE_SIZE, not sliding, dtype)
+def _query_pos(q_pos, sliding: bool, b, n_kv):
+    """A decode query's absolute position: the last key's, or with a window (whose keys are the
+    last ones only) from the rope position map."""
+    return q_pos[b] if sliding else n_kv - 1
 
 
 def _info_shape(sliding: bool, batch):
@@ -627,23 +512,16 @@ def _kv_len(info, sliding: bool, b, n_pages):
     return (n_pages - 1) * PAGE_SIZE + info[0, b] - info[1, b] + info[2, b]
 
 
-def _seq_pos(info, sliding: bool, b, j):
-    """Slot of the j-th visible key: the sink first, then the window."""
-    if not sliding:
-        return j
-    return T.if_then_else(j < info[2, b], j, j - info[2, b] + info[1, b])
-
-
 def use_ours(mod: tvm.IRModule, h_kv: int, h_q: int, d: int, window: int) -> tvm.IRModule:
     """Swap the stock CPU kernels in an exported module for ours. `window` is the sliding layers'
     window, as the cache was built with; the dtype is the one the cache's stock kernels take."""
     dt = stock_dtype(mod, DECODE, 1)  # its pages
     mine = {
-        RAGGED: lambda: prefill_ragged(h_kv, h_q, d, dt),
-        PREFILL: lambda: prefill_paged(h_kv, h_q, d, sliding=False, window=window, dtype=dt),
-        PREFILL_SLIDING: lambda: prefill_paged(h_kv, h_q, d, sliding=True, window=window, dtype=dt),
-        DECODE: lambda: decode_paged(h_kv, h_q, d, sliding=False, dtype=dt),
-        DECODE_SLIDING: lambda: decode_paged(h_kv, h_q, d, sliding=True, dtype=dt),
+        RAGGED: lambda: ragged_unrouted(h_kv, h_q, d, dt),
+        PREFILL: lambda: prefill(h_kv, h_q, d, sliding=False, window=window, dtype=dt),
+        PREFILL_SLIDING: lambda: prefill(h_kv, h_q, d, sliding=True, window=window, dtype=dt),
+        DECODE: lambda: decode(h_kv, h_q, d, sliding=False, window=window, dtype=dt),
+        DECODE_SLIDING: lambda: decode(h_kv, h_q, d, sliding=True, window=window, dtype=dt),
     }
     return swap_stock(mod, mine)
 

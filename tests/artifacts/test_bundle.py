@@ -17,7 +17,7 @@ from goinfer.artifacts.giw import BundleError, open_bundle, write_bundle
 
 GOLDEN_HEX = Path(__file__).resolve().parents[1] / "goldens" / "tiny_bundle.hex"
 # Changes only with the format (or the inputs below); regenerate with GOINFER_UPDATE_GOLDENS=1.
-GOLDEN_SHA256 = "b9fc8b5e99b06e9bfc73bd293c94affaa38fcbdd059f062ab4500e2cb6460077"
+GOLDEN_SHA256 = "60b3b318a489919ce40faf571b8729ece97637e1fc215f0b7bf2d727a03811eb"
 
 
 def tiny_inputs() -> tuple[dict[str, Any], list[tuple[str, np.ndarray]], list[tuple[str, dict, bytes]]]:
@@ -135,7 +135,7 @@ def test_chunked_and_threaded_paths_give_same_bytes(tmp_path: Path, monkeypatch:
 def test_header_layout(tiny: Path) -> None:
     data = tiny.read_bytes()
     magic, version, align, mlen, fsize, digest = struct.unpack_from("<8sIIQQ32s", data)
-    assert (magic, version, align, fsize) == (b"\x89GIW\r\n\x1a\n", 2, 4096, len(data))
+    assert (magic, version, align, fsize) == (b"\x89GIW\r\n\x1a\n", 3, 4096, len(data))
     body = data[64 : 64 + mlen]
     assert hashlib.sha256(data[:32] + body).digest() == digest
     manifest = json.loads(body)
@@ -246,12 +246,12 @@ def test_bad_magic_and_non_bundles(tiny: Path, tmp_path: Path) -> None:
 
 def test_future_version(tiny: Path) -> None:
     msg = refused(damaged(tiny, lambda d: d.__setitem__(slice(8, 12), struct.pack("<I", 9))))
-    assert msg == "unsupported format version 9 (this reader reads 2)"
+    assert msg == "unsupported format version 9 (this reader reads 3)"
 
 
 def test_older_version_is_refused_with_a_rebuild_hint(tiny: Path) -> None:
-    msg = refused(damaged(tiny, lambda d: d.__setitem__(slice(8, 12), struct.pack("<I", 1))))
-    assert msg == "bundle format v1 is older than this goinfer reads (v2): rebuild it with `goinfer build`"
+    msg = refused(damaged(tiny, lambda d: d.__setitem__(slice(8, 12), struct.pack("<I", 2))))
+    assert msg == "bundle format v2 is older than this goinfer reads (v3): rebuild it with `goinfer build`"
 
 
 @pytest.mark.parametrize(

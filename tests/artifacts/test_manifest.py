@@ -100,7 +100,7 @@ def test_describe(tmp_path: Path) -> None:
         text = describe(b)
     for part in (
         "tiny.giw",
-        "format v2",
+        "format v3",
         "llama",
         "quant f32",
         "context 64",

@@ -1,8 +1,10 @@
 """Our CPU attention kernels against numpy softmax attention, on the layouts the paged KV cache
-hands them (ragged prompt K/V, shuffled pages, sliding windows with a sink).
+hands them (a chunk's ragged K/V beside its history in shuffled pages, sliding windows), and
+against themselves: a query's output is the same bits wherever its prefill chunk was cut, and a
+decode step's is the prefill's.
 
-The prefill kernels run tiles of 16 (query, q head) rows per kv head; the GQA cases below (groups
-1, 4, 7 at head_dim 64 and 256) use lengths whose tiles end mid-query and mid-key-block, so the
+The kernels run tiles of 16 (query, q head) rows per kv head; the GQA cases below (groups 1, 4, 7
+at head_dim 64 and 256, 3 at 40) use lengths whose tiles end mid-query and mid-key-block, so the
 per-row causal limits, the edge blocks and the rows past the last query are all exercised.
 
 Every kernel runs in both KV cache dtypes. In float16, q, K/V and the output are half: the inputs
@@ -67,88 +69,155 @@ def _reference(q, k, v):
     return p @ v / p.sum(), (s.max() + np.log(p.sum())) / np.log(2)
 
 
-def _paged(rng, lens, hkv=HKV, d=D, dtype="float32"):
-    """Pages in shuffled order holding sequences of the given lengths, and their (k, v) views.
-    Slots past a sequence's length hold NaN, as no kernel may let them into a result."""
-    n_pages = [(n + PAGE - 1) // PAGE for n in lens]
-    pages = _normal(rng, (sum(n_pages) + 2, 2, hkv, PAGE, d), dtype)
+SCALE = 1.0
+
+
+def _history(rng, k_all, v_all, lens, window: int | None, dtype):
+    """Pages holding each sequence's first lens[b] keys (k_all[b], v_all[b]: (n, hkv, d)), in
+    shuffled pages, as TVM's cache hands them: without a window every page, with one (a sliding
+    layer) the pages from the one holding the window's first key, and length info (3, batch):
+    last page length, the window's first slot, sink 0. Slots past the end hold NaN."""
+    hkv, d = k_all[0].shape[1:]
+    first_page = [0 if not window or n <= window else (n - window) // PAGE for n in lens]
+    n_pages = [(n + PAGE - 1) // PAGE - f for n, f in zip(lens, first_page, strict=True)]
+    pages = np.full((sum(n_pages) + 2, 2, hkv, PAGE, d), np.nan, dtype)
     values = rng.permutation(len(pages))[: sum(n_pages)].astype(np.int32)
     indptr = np.concatenate([[0], np.cumsum(n_pages)]).astype(np.int32)
-    last = np.array([n - (p - 1) * PAGE for n, p in zip(lens, n_pages, strict=True)], np.int32)
-    kv = []
     for b, n in enumerate(lens):
-        pages[values[indptr[b + 1] - 1], :, :, last[b] :] = np.nan
-        held = pages[values[indptr[b] : indptr[b + 1]]]  # (pages, 2, hkv, slot, d)
-        k, v = (held[:, i].transpose(1, 0, 2, 3).reshape(hkv, -1, d)[:, :n] for i in (0, 1))
-        kv.append((k, v))
-    return pages, values, indptr, last, kv
+        for i in range(n_pages[b]):
+            lo = (first_page[b] + i) * PAGE
+            hi = min(lo + PAGE, n)
+            for kv, src in ((0, k_all[b]), (1, v_all[b])):
+                pages[values[indptr[b] + i], kv, :, : hi - lo] = src[lo:hi].transpose(1, 0, 2)
+    last = np.array([(n - 1) % PAGE + 1 if n else 0 for n in lens], np.int32)
+    if not window:
+        return pages, values, indptr, last
+    offset = [(n - window) % PAGE if n > window else 0 for n in lens]
+    return pages, values, indptr, np.stack([last, offset, np.zeros(len(lens))]).astype(np.int32)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_ragged_prefill_is_causal_attention(compiled, dtype):
+def _prefill(fn_plain, fn, q, k, v, q_indptr, hist, pages, values, indptr, info):
+    """One prefill forward as the runtime routes it: mode 0 (sequences without history, no pages)
+    then mode 1 (those with some), into the same output."""
+    out = _tensor(np.full(q.shape, np.nan, q.dtype))
+    lse = _tensor(np.full(q.shape[:2], np.nan, np.float32))
+    n = len(q)
+    hist_t, zeros = _tensor(hist), _tensor(np.zeros(n, np.int32))
+    common = (1, 0, 1.0, 1e4, SCALE / np.sqrt(q.shape[2]), _tensor(k), _tensor(v), _tensor(q_indptr), hist_t)
+    one = _tensor(np.zeros(1, np.int32))
+    none = _tensor(np.zeros((1, 2, k.shape[1], PAGE, k.shape[2]), k.dtype))
+    fn_plain(_tensor(q), _tensor(q_indptr), none, one, one, one, hist_t, zeros, out, lse, *common, 0)
+    if (hist > 0).any():
+        fn(_tensor(q), _tensor(q_indptr), _tensor(pages), _tensor(indptr), _tensor(values), _tensor(info),
+           hist_t, zeros, out, lse, *common, 1)  # fmt: skip
+    return out.numpy(), lse.numpy()
+
+
+def _decode(fn, q, pages, values, indptr, info, positions):
+    out = _tensor(np.full(q.shape, np.nan, q.dtype))
+    lse = _tensor(np.full(q.shape[:2], np.nan, np.float32))
+    zeros, pos = _tensor(np.zeros(len(q), np.int32)), _tensor(np.asarray(positions, np.int32))
+    fn(_tensor(q), _tensor(pages), _tensor(indptr), _tensor(values), _tensor(info), zeros, pos,
+       out, lse, 0, 1.0, 1e4, SCALE / np.sqrt(q.shape[2]))  # fmt: skip
+    return out.numpy(), lse.numpy()
+
+
+def _kernels(compiled, hkv, hq, d, dtype, window):
     get, attention = compiled
-    fn = get(f"ragged{dtype}", lambda: attention.prefill_ragged(HKV, HQ, D, dtype))
-    rng = np.random.default_rng(0)
-    lens = [37, 5]  # two prompts in one batch
-    n = sum(lens)
-    q, k, v = (_normal(rng, (n, h, D), dtype) for h in (HQ, HKV, HKV))
-    indptr = np.array([0, lens[0], n], np.int32)
-    out, lse = _tensor(np.zeros((n, HQ, D), dtype)), _tensor(np.zeros((n, HQ), np.float32))
-    fn(_tensor(q), _tensor(indptr), _tensor(k), _tensor(v), _tensor(indptr),
-       _tensor(np.zeros(n, np.int32)), _tensor(np.zeros(2, np.int32)), out, lse,
-       1, 0, 1.0, 1e4, 1 / np.sqrt(D))  # fmt: skip
-    for b in range(2):
-        for i in range(indptr[b], indptr[b + 1]):
-            for h in range(HQ):
-                keys = slice(indptr[b], i + 1)
-                _check(out.numpy(), lse.numpy(), i, h, q[i, h], k[keys, h // 3], v[keys, h // 3], 1e-5)
+    key = f"{hkv}-{hq}-{d}-{dtype}"
+    plain = get(f"prefill{key}", lambda: attention.prefill(hkv, hq, d, False, 0, dtype))
+    prefill = get(
+        f"prefill{key}w{window}", lambda: attention.prefill(hkv, hq, d, bool(window), window, dtype)
+    )
+    decode = get(f"decode{key}w{window}", lambda: attention.decode(hkv, hq, d, bool(window), window, dtype))
+    return plain, prefill, decode
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("sliding", [False, True])
-def test_paged_decode_reads_the_page_table(compiled, sliding, dtype):
-    get, attention = compiled
-    fn = get(f"decode{sliding}{dtype}", lambda: attention.decode_paged(HKV, HQ, D, sliding, dtype))
-    rng = np.random.default_rng(1)
-    lens = [21, 70]
-    pages, values, indptr, last, kv = _paged(rng, lens, dtype=dtype)
-    # sliding: sequence 1 keeps a sink of 3 slots, then slots 40.. (the window moved on)
-    info = np.stack([last, [0, 40], [0, 3]]).astype(np.int32) if sliding else last
-    q = _normal(rng, (2, HQ, D), dtype)
-    out, lse = _tensor(np.zeros((2, HQ, D), dtype)), _tensor(np.zeros((2, HQ), np.float32))
-    zeros = _tensor(np.zeros(2, np.int32))
-    fn(_tensor(q), _tensor(pages), _tensor(indptr), _tensor(values), _tensor(info), zeros, zeros,
-       out, lse, 0, 1.0, 1e4, 1 / np.sqrt(D))  # fmt: skip
-    for b, n in enumerate(lens):
-        visible = list(range(3)) + list(range(40, n)) if sliding and b == 1 else list(range(n))
-        k, v = kv[b]
-        for h in range(HQ):
-            _check(out.numpy(), lse.numpy(), b, h, q[b, h], k[h // 3, visible], v[h // 3, visible], 1e-5)
+def _sequence(rng, n, hkv, hq, d, dtype):
+    return _normal(rng, (n, hq, d), dtype), _normal(rng, (n, hkv, d), dtype), _normal(rng, (n, hkv, d), dtype)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("sliding", "causal"), [(False, 0), (False, 1), (True, 1)])
-def test_paged_prefill_masks_like_the_stock_kernel(compiled, sliding, causal, dtype):
-    get, attention = compiled
-    window = 24
-    fn = get(f"prefill{sliding}{dtype}", lambda: attention.prefill_paged(HKV, HQ, D, sliding, window, dtype))
-    rng = np.random.default_rng(2)
-    lens, n_q = [37, 50], [4, 7]
-    pages, values, indptr, last, kv = _paged(rng, lens, dtype=dtype)
-    info = np.stack([last, [0, 0], [0, 0]]).astype(np.int32) if sliding else last
-    q_indptr = np.array([0, n_q[0], sum(n_q)], np.int32)
-    q = _normal(rng, (sum(n_q), HQ, D), dtype)
-    out, lse = _paged_prefill(fn, q, q_indptr, pages, values, indptr, info, causal, D)
-    for b, n in enumerate(lens):
-        k, v = kv[b]
+@pytest.mark.parametrize("window", [0, 40])
+@pytest.mark.parametrize(("hkv", "hq", "d", "dtype"), GQA_DTYPES)
+def test_prefill_attends_to_history_and_chunk(compiled, hkv, hq, d, dtype, window):
+    """A batch of chunks, one without history and three with (one history a page exactly, one
+    past the window), each query over its history and the chunk up to itself (and its window)."""
+    plain, prefill, _ = _kernels(compiled, hkv, hq, d, dtype, window)
+    rng = np.random.default_rng(3)
+    hist, n_q = np.array([0, 45, 90, 16], np.int32), [37, 11, 23, 1]
+    seqs = [_sequence(rng, h + n, hkv, hq, d, dtype) for h, n in zip(hist, n_q, strict=True)]
+    pages, values, indptr, info = _history(
+        rng, [s[1] for s in seqs], [s[2] for s in seqs], hist, window, dtype
+    )
+    q = np.concatenate([s[0][h:] for s, h in zip(seqs, hist, strict=True)])
+    k = np.concatenate([s[1][h:] for s, h in zip(seqs, hist, strict=True)])
+    v = np.concatenate([s[2][h:] for s, h in zip(seqs, hist, strict=True)])
+    q_indptr = np.concatenate([[0], np.cumsum(n_q)]).astype(np.int32)
+    out, lse = _prefill(plain, prefill, q, k, v, q_indptr, hist, pages, values, indptr, info)
+    g = hq // hkv
+    for b, (qs, ks, vs) in enumerate(seqs):
         for i in range(n_q[b]):
-            if sliding:  # the chunk's query i sees the last window - i - 1 history slots
-                lo, hi = max(n - max(window - i - 1, 0), 0), n
-            else:
-                lo, hi = 0, (min(n - n_q[b] + i + 1, n) if causal else n)
-            row = q_indptr[b] + i
-            for h in range(HQ):
-                _check(out, lse, row, h, q[row, h], k[h // 3, lo:hi], v[h // 3, lo:hi], 1e-5)
+            pos, row = hist[b] + i, q_indptr[b] + i
+            lo = max(0, pos - window + 1) if window else 0
+            for h in range(hq):
+                _check(out, lse, row, h, qs[pos, h], ks[lo : pos + 1, h // g], vs[lo : pos + 1, h // g])
+
+
+@pytest.mark.parametrize("window", [0, 40])
+@pytest.mark.parametrize(("hkv", "hq", "d", "dtype"), GQA_DTYPES)
+def test_decode_reads_the_page_table(compiled, hkv, hq, d, dtype, window):
+    _, _, decode = _kernels(compiled, hkv, hq, d, dtype, window)
+    rng = np.random.default_rng(4)
+    lens = [1, 33, 64, 90]  # the new token's K/V already in its pages, as TVM appends first
+    seqs = [_sequence(rng, n, hkv, hq, d, dtype) for n in lens]
+    pages, values, indptr, info = _history(
+        rng, [s[1] for s in seqs], [s[2] for s in seqs], lens, window, dtype
+    )
+    q = np.stack([s[0][-1] for s in seqs])
+    out, lse = _decode(decode, q, pages, values, indptr, info, [n - 1 for n in lens])
+    g = hq // hkv
+    for b, (_, ks, vs) in enumerate(seqs):
+        lo = max(0, lens[b] - window) if window else 0
+        for h in range(hq):
+            _check(out, lse, b, h, q[b, h], ks[lo:, h // g], vs[lo:, h // g])
+
+
+@pytest.mark.parametrize("window", [0, 40])
+@pytest.mark.parametrize(("hkv", "hq", "d", "dtype"), GQA_DTYPES)
+def test_a_query_is_the_same_bits_wherever_its_chunk_began(compiled, hkv, hq, d, dtype, window):
+    """The reuse contract (runtime/kv_pool.py): a query's output depends on its keys only. Prefill
+    one 150-token sequence from many cut points (page boundaries and not, none) on, in chunks of
+    the runtime's kind (shorter than the window): every query after the latest cut, and a decode
+    step at each of the last positions, gives the same bits."""
+    plain, prefill, decode = _kernels(compiled, hkv, hq, d, dtype, window)
+    rng = np.random.default_rng(5)
+    n, chunk = 150, 32
+    qs, ks, vs = _sequence(rng, n, hkv, hq, d, dtype)
+    cuts = [0, 1, 15, 16, 17, 64, 97, 128, 131]
+    results = []
+    for cut in cuts:
+        outs, lses = [], []
+        for start in range(cut, n, chunk):
+            end = min(start + chunk, n)
+            pages, values, indptr, info = _history(rng, [ks], [vs], [start], window, dtype)
+            q_indptr = np.array([0, end - start], np.int32)
+            out, lse = _prefill(plain, prefill, qs[start:end], ks[start:end], vs[start:end], q_indptr,
+                                np.array([start], np.int32), pages, values, indptr, info)  # fmt: skip
+            outs.append(out)
+            lses.append(lse)
+        out, lse = np.concatenate(outs), np.concatenate(lses)
+        results.append((out[max(cuts) - cut :], lse[max(cuts) - cut :]))
+    for cut, (out, lse) in zip(cuts[1:], results[1:], strict=True):
+        assert np.array_equal(out, results[0][0]) and np.array_equal(lse, results[0][1]), f"cut at {cut}"
+    # decode steps for the last few positions, batched with a longer unrelated sequence
+    other = _sequence(rng, 170, hkv, hq, d, dtype)
+    for pos in (n - 3, n - 2, n - 1):
+        pages, values, indptr, info = _history(rng, [ks[: pos + 1], other[1]], [vs[: pos + 1], other[2]],
+                                               [pos + 1, 170], window, dtype)  # fmt: skip
+        out, lse = _decode(decode, np.stack([qs[pos], other[0][-1]]), pages, values, indptr, info, [pos, 169])
+        row = pos - max(cuts)
+        assert np.array_equal(out[0], results[0][0][row]), f"decode at {pos}"
+        assert np.array_equal(lse[0], results[0][1][row]), f"decode at {pos}"
 
 
 def _check(out, lse, row, h, q, k, v, atol=2e-5):
@@ -160,152 +229,7 @@ def _check(out, lse, row, h, q, k, v, atol=2e-5):
     assert lse[row, h] == pytest.approx(ref_lse, abs=atol), f"row {row} head {h}"
 
 
-def _ragged(fn, rng, lens, hkv, hq, d, causal=1, n_kv=None, dtype="float32"):
-    """Run a ragged prefill over prompts of `lens` query tokens (and n_kv keys, default the same)."""
-    n_kv = n_kv or lens
-    q = _normal(rng, (sum(lens), hq, d), dtype)
-    k, v = (_normal(rng, (sum(n_kv), hkv, d), dtype) for _ in range(2))
-    q_indptr = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
-    kv_indptr = np.concatenate([[0], np.cumsum(n_kv)]).astype(np.int32)
-    out = _tensor(np.zeros((sum(lens), hq, d), dtype))
-    lse = _tensor(np.zeros((sum(lens), hq), np.float32))
-    fn(_tensor(q), _tensor(q_indptr), _tensor(k), _tensor(v), _tensor(kv_indptr),
-       _tensor(np.zeros(sum(lens), np.int32)), _tensor(np.zeros(len(lens), np.int32)), out, lse,
-       causal, 0, 1.0, 1e4, 1 / np.sqrt(d))  # fmt: skip
-    return q, k, v, q_indptr, kv_indptr, out.numpy(), lse.numpy()
-
-
-def _paged_prefill(fn, q, q_indptr, pages, values, indptr, info, causal, d):
-    n = len(q)
-    out, lse = _tensor(np.zeros(q.shape, q.dtype)), _tensor(np.zeros(q.shape[:2], np.float32))
-    fn(_tensor(q), _tensor(q_indptr), _tensor(pages), _tensor(indptr), _tensor(values), _tensor(info),
-       _tensor(np.zeros(len(q_indptr) - 1, np.int32)), _tensor(np.zeros(n, np.int32)), out, lse,
-       causal, 0, 1.0, 1e4, 1 / np.sqrt(d))  # fmt: skip
-    return out.numpy(), lse.numpy()
-
-
-@pytest.mark.parametrize("causal", [1, 0])
-@pytest.mark.parametrize(("hkv", "hq", "d", "dtype"), GQA_DTYPES)
-def test_ragged_prefill_gqa(compiled, hkv, hq, d, causal, dtype):
-    get, attention = compiled
-    fn = get(f"ragged{hkv}-{hq}-{d}{dtype}", lambda: attention.prefill_ragged(hkv, hq, d, dtype))
-    rng = np.random.default_rng(3)
-    lens = [37, 1, 21]  # a one-token prompt too; no tile or key block divides these
-    q, k, v, q_indptr, kv_indptr, out, lse = _ragged(fn, rng, lens, hkv, hq, d, causal, dtype=dtype)
-    g = hq // hkv
-    for b, n in enumerate(lens):
-        for i in range(n):
-            row = q_indptr[b] + i
-            keys = slice(kv_indptr[b], kv_indptr[b] + (i + 1 if causal else n))
-            for h in range(hq):
-                _check(out, lse, row, h, q[row, h], k[keys, h // g], v[keys, h // g])
-
-
-@pytest.mark.parametrize(("hkv", "hq", "d", "dtype"), GQA_DTYPES)
-def test_ragged_prefill_more_keys_than_queries(compiled, hkv, hq, d, dtype):
-    """Causal with n_kv > n_q: query i sees keys up to n_kv - n_q + i (the stock mask)."""
-    get, attention = compiled
-    fn = get(f"ragged{hkv}-{hq}-{d}{dtype}", lambda: attention.prefill_ragged(hkv, hq, d, dtype))
-    rng = np.random.default_rng(4)
-    q, k, v, _, _, out, lse = _ragged(fn, rng, [9], hkv, hq, d, 1, n_kv=[50], dtype=dtype)
-    g = hq // hkv
-    for i in range(9):
-        for h in range(hq):
-            _check(out, lse, i, h, q[i, h], k[: 50 - 9 + i + 1, h // g], v[: 50 - 9 + i + 1, h // g])
-
-
-@pytest.mark.parametrize("sliding", [False, True])
-@pytest.mark.parametrize(("hkv", "hq", "d", "dtype"), GQA_DTYPES)
-def test_paged_prefill_gqa(compiled, hkv, hq, d, sliding, dtype):
-    """History in pages, causal (for sliding layers: the window mask, with a sink and a window
-    that slid to a slot inside a page) and not."""
-    get, attention = compiled
-    window = 40
-    fn = get(
-        f"prefill{sliding}{hkv}-{hq}-{d}{dtype}",
-        lambda: attention.prefill_paged(hkv, hq, d, sliding, window, dtype),
-    )
-    rng = np.random.default_rng(5)
-    lens, n_q = [45, 90, 19], [11, 23, 1]
-    pages, values, indptr, last, kv = _paged(rng, lens, hkv, d, dtype)
-    # sliding: sequence 1 keeps a sink of 3 slots, then slots 37.. (the window moved on)
-    offset, sink = [0, 37, 0], [0, 3, 0]
-    info = np.stack([last, offset, sink]).astype(np.int32) if sliding else last
-    if sliding:  # the slots that slid out: never read
-        for pos in range(sink[1], offset[1]):
-            pages[values[indptr[1] + pos // PAGE], :, :, pos % PAGE] = np.nan
-    q_indptr = np.concatenate([[0], np.cumsum(n_q)]).astype(np.int32)
-    q = _normal(rng, (sum(n_q), hq, d), dtype)
-    g = hq // hkv
-    for causal in (0, 1):
-        out, lse = _paged_prefill(fn, q, q_indptr, pages, values, indptr, info, causal, d)
-        for b, n in enumerate(lens):
-            slots = np.r_[0 : sink[b], offset[b] : n] if sliding else np.arange(n)
-            k, v = kv[b][0][:, slots], kv[b][1][:, slots]
-            n_kv = len(slots)
-            for i in range(n_q[b]):
-                if not causal:
-                    lo, hi = 0, n_kv
-                elif sliding:  # the chunk's query i sees the last window - i - 1 of them
-                    lo, hi = max(n_kv - max(window - i - 1, 0), 0), n_kv
-                else:
-                    lo, hi = 0, min(n_kv - n_q[b] + i + 1, n_kv)
-                row = q_indptr[b] + i
-                for h in range(hq):
-                    _check(out, lse, row, h, q[row, h], k[h // g, lo:hi], v[h // g, lo:hi])
-
-
-@pytest.mark.parametrize(("hkv", "hq", "d", "dtype"), GQA_DTYPES)
-def test_chunked_prefill_merges_to_causal_attention(compiled, hkv, hq, d, dtype):
-    """A later chunk as the cache runs it: the paged kernel over the history (causal=0), the
-    ragged one over the chunk (causal), merged by lse, is causal attention over both."""
-    get, attention = compiled
-    ragged = get(f"ragged{hkv}-{hq}-{d}{dtype}", lambda: attention.prefill_ragged(hkv, hq, d, dtype))
-    paged = get(
-        f"prefillFalse{hkv}-{hq}-{d}{dtype}", lambda: attention.prefill_paged(hkv, hq, d, False, 40, dtype)
-    )
-    rng = np.random.default_rng(6)
-    hist, lens = [35, 16], [29, 18]
-    pages, values, indptr, last, kv = _paged(rng, hist, hkv, d, dtype)
-    q, k, v, q_indptr, kv_indptr, out_c, lse_c = _ragged(ragged, rng, lens, hkv, hq, d, dtype=dtype)
-    out_h, lse_h = _paged_prefill(paged, q, q_indptr, pages, values, indptr, last, 0, d)
-    # the merge, in float32 as the cache's merge kernel computes it; in float16 each part was
-    # rounded once, by up to 2^-11 of itself, and the merge weighs them: allow 2^-11 of the larger
-    out_h, out_c = out_h.astype(np.float32), out_c.astype(np.float32)
-    rounding = np.maximum(abs(out_h), abs(out_c)).max(-1) * (2.0**-11 if dtype == "float16" else 0.0)
-    w_h, w_c = np.exp2(lse_h - np.maximum(lse_h, lse_c)), np.exp2(lse_c - np.maximum(lse_h, lse_c))
-    out = (out_h * w_h[..., None] + out_c * w_c[..., None]) / (w_h + w_c)[..., None]
-    lse = np.maximum(lse_h, lse_c) + np.log2(w_h + w_c)
-    g = hq // hkv
-    for b, n in enumerate(lens):
-        for i in range(n):
-            row = q_indptr[b] + i
-            for h in range(hq):
-                keys = np.concatenate([kv[b][0][h // g], k[kv_indptr[b] : kv_indptr[b] + i + 1, h // g]])
-                vals = np.concatenate([kv[b][1][h // g], v[kv_indptr[b] : kv_indptr[b] + i + 1, h // g]])
-                _check(out, lse, row, h, q[row, h], keys, vals, 2e-5 + float(rounding[row, h]))
-
-
-@pytest.mark.parametrize(("hkv", "hq", "d", "dtype"), GQA_DTYPES)
-def test_paged_decode_gqa(compiled, hkv, hq, d, dtype):
-    get, attention = compiled
-    fn = get(f"decodeFalse{hkv}-{hq}-{d}{dtype}", lambda: attention.decode_paged(hkv, hq, d, False, dtype))
-    rng = np.random.default_rng(7)
-    lens = [1, 33, 64]
-    pages, values, indptr, last, kv = _paged(rng, lens, hkv, d, dtype)
-    q = _normal(rng, (len(lens), hq, d), dtype)
-    out = _tensor(np.zeros((len(lens), hq, d), dtype))
-    lse = _tensor(np.zeros((len(lens), hq), np.float32))
-    zeros = _tensor(np.zeros(len(lens), np.int32))
-    fn(_tensor(q), _tensor(pages), _tensor(indptr), _tensor(values), _tensor(last), zeros, zeros,
-       out, lse, 0, 1.0, 1e4, 1 / np.sqrt(d))  # fmt: skip
-    g = hq // hkv
-    for b in range(len(lens)):
-        for h in range(hq):
-            _check(out.numpy(), lse.numpy(), b, h, q[b, h], kv[b][0][h // g], kv[b][1][h // g])
-
-
 def test_kernels_refuse_other_dtypes(compiled):
     _get, attention = compiled
     with pytest.raises(ValueError, match="bfloat16"):
-        attention.decode_paged(HKV, HQ, D, False, "bfloat16")
+        attention.decode(HKV, HQ, D, False, 0, "bfloat16")

@@ -36,11 +36,11 @@ def local_scalars_in_parallel_loops(stmt, parallel: bool = False) -> list[str]:
 
 
 KERNELS = {
-    "decode": lambda: attention.decode_paged(2, 6, 32, sliding=False),
-    "decode_sliding": lambda: attention.decode_paged(2, 6, 32, sliding=True),
-    "prefill_ragged": lambda: attention.prefill_ragged(2, 6, 32),
-    "prefill_paged": lambda: attention.prefill_paged(2, 6, 32, sliding=False, window=0),
-    "prefill_sliding": lambda: attention.prefill_paged(2, 6, 32, sliding=True, window=64),
+    "decode": lambda: attention.decode(2, 6, 32, sliding=False, window=0),
+    "decode_sliding": lambda: attention.decode(2, 6, 32, sliding=True, window=64),
+    "decode_one_kv_head": lambda: attention.decode(1, 4, 32, sliding=False, window=0),
+    "prefill": lambda: attention.prefill(2, 6, 32, sliding=False, window=0),
+    "prefill_sliding": lambda: attention.prefill(2, 6, 32, sliding=True, window=64),
     "gated_silu": lambda: gated.kernel(96, "silu"),
     "kv_append": lambda: kv_append.transpose_append(2, 32),
     "kv_split": lambda: kv_append.split_qkv(6, 2, 32),

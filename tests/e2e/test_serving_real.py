@@ -12,7 +12,6 @@ pytestmark = pytest.mark.slow
 openai = pytest.importorskip("openai")
 
 KEY, NAME = "test-key", "qwen"
-CHUNK = 128  # --prefill-chunk's default: a prompt is reused in whole chunks of it
 GREEDY = {"temperature": 0, "max_tokens": 24}
 USER_TURNS = ("What does the function `merge` do?", "Write one unit test for it.", "Now one for empty lists.")
 
@@ -58,9 +57,9 @@ def test_later_turns_reuse_the_system_prompt_and_reply_as_cold(bundle, tmp_path)
     assert cold[0][1] >= 3000 and all(c[2] == 0 for c in cold)
     assert warm[0][2] == 0
     for (_t, prompt, cached), prev in zip(warm[1:], warm, strict=False):
-        # Whole chunks only (exact reuse): the previous turn's prompt but its last partial chunk.
-        assert cached == prev[1] - prev[1] % CHUNK
-        assert cached < prompt
+        # Any shared token (exact reuse at token granularity): the previous turn's whole prompt,
+        # and its reply as far as the template renders it back the same
+        assert prev[1] <= cached < prompt
     assert [t for t, _p, _c in warm] == [t for t, _p, _c in cold]  # bit-exact reuse: the same replies
 
     # A restart with the same --session-dir: the conversation continues warm at once.
@@ -72,7 +71,7 @@ def test_later_turns_reuse_the_system_prompt_and_reply_as_cold(bundle, tmp_path)
         messages.append({"role": "user", "content": "Thanks."})
         r = client.chat.completions.create(model=NAME, messages=messages, **GREEDY)
         cached = r.usage.prompt_tokens_details.cached_tokens
-        assert cached >= warm[-1][1] - CHUNK  # the last conversation's whole chunks
+        assert cached >= warm[-1][1]  # the last conversation's prompt, at least
 
 
 def test_four_clients_at_once_each_get_their_own_reply(bundle) -> None:

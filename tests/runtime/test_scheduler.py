@@ -120,10 +120,34 @@ def test_reuse_is_a_cold_run_bit_for_bit(model: Model, how: str) -> None:
             list(sched.generate(GenerationRequest(second, SamplingParams(temperature=0.0, max_tokens=1))))[
                 -1
             ].timings["cached_tokens"]
-            == len(second) - 1 - (len(second) - 1) % c
-        )  # now all its whole chunks are warm
+            == len(second) - 1
+        )  # now all of it is warm but the last token, whose logits start the reply
         third = first + _ids(vocab, 2 * c, 6)  # the first conversation goes on
         assert _first_step(sched.generate, third) == _first_step(cold.generate, third)
+    finally:
+        sched.stop()
+        cold.stop()
+
+
+def test_a_next_turn_reuses_the_previous_reply_bit_for_bit(model: Model) -> None:
+    """Turn 2 of a chat is turn 1's prompt, its reply and a new message: everything the first turn
+    fed, decoded tokens too, is reused (any token, on the CPU), and the logits are a cold run's."""
+    m, vocab = model, model.spec.vocab_size
+    sched = Scheduler(m, SchedulerConfig(kv_sessions=4, prefill_chunk=8))
+    cold = Scheduler(m, SchedulerConfig(kv_sessions=0, prefill_chunk=8))
+    first = _ids(vocab, 29, 11)
+    try:
+        events = sched.generate(GenerationRequest(first, SamplingParams(temperature=0.0, max_tokens=6)))
+        reply = [e.token_id for e in events if e.token_id is not None]
+        sched.sync()
+        second = first + reply + _ids(vocab, 5, 12)
+        events = list(
+            sched.generate(GenerationRequest(second, SamplingParams(temperature=0.0, max_tokens=1), 5))
+        )
+        # all it fed: the reply's last token was sampled, never fed
+        assert events[-1].timings["cached_tokens"] == len(first) + len(reply) - 1
+        (warm,) = [e for e in events if e.token_id is not None]
+        assert (warm.token_id, warm.top_logprobs) == _first_step(cold.generate, second)
     finally:
         sched.stop()
         cold.stop()

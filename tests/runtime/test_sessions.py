@@ -122,7 +122,7 @@ CRAFTED = {  # any family
 }
 KV_CRAFTED = {  # a session saved with its KV (llama: TVM exports its cache)
     "exact past its tokens": {"exact": 400},
-    "exact mid-chunk": {"exact": 13},
+    "exact mid-chunk": {"exact": 13, "chunk": 8},  # whole chunks of 8 claimed (a GPU cache's)
     "KV of another length": {"meta": {"seq_length": 16}},
     "KV pages of another size": {"meta": {"page_size": 8}},
     "KV of another dtype": {"meta": {"dtype": "float16"}},
@@ -198,14 +198,25 @@ def test_a_save_killed_midway_leaves_the_last_good_file(model: Model, tmp_path) 
         restarted.stop()
 
 
-def test_a_session_cut_in_another_chunk_is_restored_but_not_exact(tiny_bundle, tmp_path) -> None:
-    """--prefill-chunk changed across a restart: the KV is a cold run's under the old cuts only, so
-    nothing of it counts as exact (it may still serve --prefix-reuse longest)."""
+def test_a_session_saved_under_another_chunk_is_restored_exact(tiny_bundle, tmp_path) -> None:
+    """--prefill-chunk changed across a restart: on the CPU a token computes the same in any chunk
+    (granule 1), so all of it is still exact. A file whose exact tokens count in whole chunks (a
+    GPU cache's granule) counts as exact from nothing here."""
     m = Model.load(tiny_bundle("llama", "f32"), self_test=False)
     old = SchedulerConfig(kv_sessions=4, session_dir=str(tmp_path), prefill_chunk=8)
     s = Scheduler(m, old)
     list(s.generate(GenerationRequest(_ids(m.spec.vocab_size, 40, 7), GREEDY)))
     s.stop()
+    restarted = Scheduler(m, SchedulerConfig(kv_sessions=4, session_dir=str(tmp_path), prefill_chunk=16))
+    try:
+        (seq,) = restarted.pool.seqs.values()
+        assert seq.exact == len(seq.tokens) > 40
+    finally:
+        restarted.stop()
+    (path,) = store.listing(tmp_path, m.bundle.header_sha256)
+    saved = store.load(path, m.bundle.header_sha256)
+    fields = {f: getattr(saved, f) for f in saved.__dataclass_fields__}
+    store.save(tmp_path, m.bundle.header_sha256, store.SavedSession(**{**fields, "exact": 32, "chunk": 16}))
     restarted = Scheduler(m, SchedulerConfig(kv_sessions=4, session_dir=str(tmp_path), prefill_chunk=16))
     try:
         (seq,) = restarted.pool.seqs.values()
