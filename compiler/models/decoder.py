@@ -22,7 +22,17 @@ from ..kernels import attention, kv_append
 from ..lower import tvm_api
 from ..sources.base import SourceTensor
 from ..spec import ModelSpec
-from .layers import Bias, QLinear, RMSNorm, RopeTables, SchemePicker, gpu_graph, rope, rope_tables
+from .layers import (
+    Bias,
+    QLinear,
+    RMSNorm,
+    RopeTables,
+    SchemePicker,
+    fused_linear,
+    gpu_graph,
+    rope,
+    rope_tables,
+)
 
 
 class Attention(nn.Module):
@@ -31,7 +41,7 @@ class Attention(nn.Module):
         self.layer, self.spec = layer, spec
         h, hkv, d = spec.num_heads, spec.num_kv_heads, spec.head_dim
         names = tuple(f"blk.{layer}.attn_{n}.weight" for n in ("q", "k", "v"))
-        self.qkv = QLinear(pick([tensors[n] for n in names]), spec.hidden_size, (h + 2 * hkv) * d, names)
+        self.qkv = fused_linear(pick, tensors, spec.hidden_size, (h + 2 * hkv) * d, names)
         self.qkv_bias = (
             Bias((h + 2 * hkv) * d, tuple(f"blk.{layer}.attn_{n}.bias" for n in ("q", "k", "v")))
             if spec.attention_bias

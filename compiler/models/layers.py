@@ -48,7 +48,8 @@ def for_gpu() -> bool:
 
 
 # Picks the quant scheme for a weight from its checkpoint tensors, several where fused (int4mix
-# looks at their bits, gguf at their block types).
+# looks at their bits, gguf at their block types). The models ask it part by part, and fuse the
+# parts it gives one scheme (`scheme_runs`).
 SchemePicker = Callable[[Sequence[SourceTensor]], Scheme]
 
 
@@ -124,6 +125,61 @@ class QLinear(Weighted):
         )
 
 
+def scheme_runs(
+    pick: SchemePicker, tensors: Mapping[str, SourceTensor], names: Sequence[str]
+) -> list[tuple[Scheme, tuple[str, ...]]]:
+    """A fused weight's parts (`names`, in order) as runs of neighbours whose schemes alone agree,
+    each run with that scheme, which its parts fused take too: none is stored wider than alone.
+    Fused, parts of different schemes would all take the widest (gguf: Qwen-1.5B's Q4_K q and k
+    beside a Q6_K v, all at 6 bits in groups of 16), and decode reads every byte each token."""
+    runs: list[tuple[Scheme, tuple[str, ...]]] = []
+    for name in names:
+        scheme = pick([tensors[name]])
+        if runs and runs[-1][0] == scheme:
+            runs[-1] = (scheme, (*runs[-1][1], name))
+        else:
+            runs.append((scheme, (name,)))
+    return runs
+
+
+class SplitLinear(nn.Module):
+    """A fused weight stored as several QLinears, "0", "1", ..., their outputs concatenated along
+    `out`: to the layers after it, the one fused matmul."""
+
+    def __init__(self, linears: Sequence[QLinear]):
+        super().__init__()
+        self.count = len(linears)
+        # Attributes, not an nn.ModuleList: the build finds weights with tvm's attribute finder
+        # (tvm_api.modules_of_type), which yields no list's items themselves.
+        for i, linear in enumerate(linears):
+            setattr(self, str(i), linear)
+
+    @property
+    def linears(self) -> list[QLinear]:
+        return [getattr(self, str(i)) for i in range(self.count)]
+
+    def forward(self, x: Tensor) -> Tensor:
+        return op.concat([linear(x) for linear in self.linears], dim=1)
+
+
+def fused_linear(
+    pick: SchemePicker,
+    tensors: Mapping[str, SourceTensor],
+    in_features: int,
+    out_features: int,
+    names: tuple[str, ...],
+) -> QLinear | SplitLinear:
+    """The parts `names` (q, k and v; gate and up) fused along `out` in one matmul where they take
+    one scheme, else one matmul per run of them that does (`scheme_runs`)."""
+    runs = scheme_runs(pick, tensors, names)
+    if len(runs) == 1:  # the usual case: one QLinear, as named before splits existed
+        return QLinear(runs[0][0], in_features, out_features, names)
+    rows = [sum(tensors[n].shape[0] for n in run) for _s, run in runs]
+    if sum(rows) != out_features:
+        raise ValueError(f"{names}: rows {sum(rows)}, expected {out_features}")
+    return SplitLinear([QLinear(s, in_features, r, run) for (s, run), r in zip(runs, rows, strict=True)])
+
+
 class Bias(Weighted):
     def __init__(self, size: int, sources: tuple[str, ...]):
         super().__init__()
@@ -178,15 +234,13 @@ class RMSNorm(Weighted):
 
 
 class GatedMLP(nn.Module):
-    """down(act(gate(x)) * up(x)), with gate and up fused into one matmul."""
+    """down(act(gate(x)) * up(x)), with gate and up fused into one matmul where they share a scheme."""
 
     def __init__(self, spec: ModelSpec, layer: int, pick: SchemePicker, tensors: Mapping[str, SourceTensor]):
         super().__init__()
         gate, up, down = (f"blk.{layer}.ffn_{n}.weight" for n in ("gate", "up", "down"))
         self.inter, self.act = spec.intermediate_size, spec.activation
-        self.gate_up = QLinear(
-            pick([tensors[gate], tensors[up]]), spec.hidden_size, 2 * self.inter, (gate, up)
-        )
+        self.gate_up = fused_linear(pick, tensors, spec.hidden_size, 2 * self.inter, (gate, up))
         self.down = QLinear(pick([tensors[down]]), self.inter, spec.hidden_size, (down,))
 
     def forward(self, x: Tensor) -> Tensor:

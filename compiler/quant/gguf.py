@@ -14,10 +14,11 @@ Q4_0 part fused beside a type with a min gives +0 where gguf gives -0):
     Q6_K               two such planes: 6 bits, group 16, K-quant codes (6.56 bits as in the file)
     Q8_0               8-bit bytes u = q + 128, group 32
 
-Weights fused into one matmul (q, k and v; gate and up) may differ in type (Q5_0 and Q8_0 rows in
-Qwen's qkv; Q4_K and Q6_K in the 1.5B's, which share 6 bits in groups of 16): they share the
-widest layout that holds each exactly (more bits beat fewer, group 16 beats 32, and float32
-values where one part has K-quant codes and another float16 scales: both are exact in float32).
+Weights fused into one matmul (q, k and v; gate and up) share the widest layout that holds each
+part exactly (more bits beat fewer, group 16 beats 32, and float32 values where one part has
+K-quant codes and another float16 scales: both are exact in float32). The models fuse only parts
+of one layout, so none is stored wider than its own (models/layers.py `scheme_runs`: Qwen's Q5_0
+q and k beside a Q8_0 v are two matmuls, not one at 8 bits).
 """
 
 from __future__ import annotations

@@ -142,6 +142,47 @@ def test_int4mix_keeps_the_source_precision_mix(tiny_gguf, tmp_path: Path) -> No
     assert len(quantized) == 9 and list(quantized.values()).count("int8") == 2, quantized
 
 
+@pytest.mark.parametrize(
+    ("tensor_type", "split", "fused"),
+    [("Q5_0+Q8_0:attn_v", "attn.qkv", "mlp.gate_up"), ("Q5_0+Q8_0:ffn_up", "mlp.gate_up", "attn.qkv")],
+)
+def test_a_fused_weight_of_mixed_types_is_split_under_its_own_name(tiny_gguf, tensor_type, split, fused):
+    """Q5_0 q and k beside a Q8_0 v (or gate beside up): a matmul per layout, named after the fused
+    weight ("attn.qkv.0", "attn.qkv.1"), so every parameter's name is unique and the same each
+    build; a fused weight of one type keeps its one matmul and its name."""
+    from goinfer.compiler.lower import tvm_api
+    from goinfer.compiler.models import layer
+    from goinfer.compiler.models.decoder import build_model
+    from goinfer.compiler.models.layers import Weighted
+    from goinfer.compiler.quant import scheme_for
+    from goinfer.compiler.sources import load_checkpoint
+
+    ckpt = load_checkpoint(tiny_gguf("qwen2", tensor_type))
+
+    def pick(parts):
+        return scheme_for("gguf", parts)
+
+    model = build_model(ckpt.spec, layer("qwen2"), pick, ckpt.tensors, tvm_api.host_target(2), "float32")
+    weights = {prefix: m for prefix, m in tvm_api.modules_of_type(model, Weighted)}
+    for i in range(ckpt.spec.num_layers):
+        head = f"layers.{i}."
+        assert [weights[f"{head}{split}.{j}"].scheme.NAME for j in (0, 1)] == [
+            "gguf:u5-g32-float16-z16",
+            "gguf:u8-g32-float16-z128",
+        ]
+        assert f"{head}{split}" not in weights and f"{head}{fused}.0" not in weights
+        assert weights[f"{head}{fused}"].scheme.NAME == "gguf:u5-g32-float16-z16"
+    names = [name for name, _p in model.named_parameters()]
+    assert len(names) == len(set(names))
+    assert {n for n in names if n.startswith(f"layers.0.{split}.")} == {
+        f"layers.0.{split}.0.weight",
+        f"layers.0.{split}.0.high",
+        f"layers.0.{split}.0.scale",
+        f"layers.0.{split}.1.weight",
+        f"layers.0.{split}.1.scale",
+    }
+
+
 def test_weights_are_mapped_zero_copy(tiny_bundle) -> None:
     from goinfer.runtime import tvm_runtime as rt
     from goinfer.runtime.model import Model

@@ -140,3 +140,60 @@ def test_slices_of_rows_concatenate_to_the_whole_weight(names) -> None:
         for key, arr in whole.items():
             got = np.concatenate([p[key] for p in pieces])
             assert got.dtype == arr.dtype and got.shape == arr.shape and got.tobytes() == arr.tobytes(), key
+
+
+def _matmuls(linear) -> list:
+    """The QLinears a fused weight is built as, in order."""
+    from goinfer.compiler.models.layers import QLinear
+
+    return [linear] if isinstance(linear, QLinear) else linear.linears
+
+
+def _fused_linear(quant: str, names: tuple[str, ...]) -> tuple[dict[str, SourceTensor], list]:
+    """Parts of these types (whole row blocks each), and the QLinears `quant` builds them as."""
+    from goinfer.compiler.models.layers import fused_linear
+
+    parts = {f"blk.0.{i}": _tensor(n, 16 * (i + 1), i) for i, n in enumerate(names)}
+    rows = sum(p.shape[0] for p in parts.values())
+    linear = fused_linear(lambda ps: scheme_for(quant, ps), parts, COLS, rows, tuple(parts))
+    return parts, _matmuls(linear)
+
+
+def _packed_bytes(scheme, parts: list[SourceTensor]) -> int:
+    return sum(a.nbytes for a in scheme.transcode(parts).values())
+
+
+@pytest.mark.parametrize(
+    ("names", "runs"),
+    [
+        (("Q4_K", "Q4_K", "Q6_K"), [2, 1]),  # Qwen-1.5B's qkv: q and k at 4 bits, not 6 in groups of 16
+        (("Q5_0", "Q5_0", "Q8_0"), [2, 1]),  # Qwen-0.5B's: q and k at 5 bits, not 8
+        (("Q4_0", "Q4_1"), [1, 1]),  # no min stored for Q4_0
+        (("Q8_0", "Q5_0", "Q8_0"), [1, 1, 1]),  # runs of neighbours: the outputs keep their order
+        (("Q5_0", "Q5_0", "Q5_0"), [3]),
+    ],
+)
+def test_fused_parts_of_mixed_types_split_into_matmuls_in_their_own_layouts(names, runs) -> None:
+    """Each part is stored as it would be alone: its own layout and bytes, fewer than in the one
+    layout holding them all. Neighbours of one layout stay fused in one matmul."""
+    parts, matmuls = _fused_linear("gguf", names)
+    assert [len(q.sources) for q in matmuls] == runs
+    assert [n for q in matmuls for n in q.sources] == list(parts)
+    for q in matmuls:
+        assert {scheme_for("gguf", [parts[n]]) for n in q.sources} == {q.scheme}
+    split = sum(sum(a.nbytes for a in q.pack(parts).values()) for q in matmuls)
+    own = sum(_packed_bytes(scheme_for("gguf", [p]), [p]) for p in parts.values())
+    whole = list(parts.values())
+    assert split == own
+    assert (split < _packed_bytes(scheme_for("gguf", whole), whole)) == (len(runs) > 1)
+
+
+@pytest.mark.parametrize(
+    ("quant", "runs"),
+    [("int4", [3]), ("int8", [3]), ("int8int8", [3]), ("f32", [3]), ("int4mix", [2, 1])],
+)
+def test_the_requantizing_modes_split_only_where_their_schemes_differ(quant, runs) -> None:
+    """These give each part the mode's one scheme, so the weight stays one matmul; but int4mix's
+    4-bit q and k beside a 6-bit v split like gguf's: int4 beside int8 (all int8 when fused)."""
+    _parts, matmuls = _fused_linear(quant, ("Q4_K", "Q4_K", "Q6_K"))
+    assert [len(q.sources) for q in matmuls] == runs

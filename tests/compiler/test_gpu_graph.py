@@ -92,6 +92,15 @@ def test_gpu_graph_gguf_q8_matches_its_file(family, tiny_gguf) -> None:
     assert (ours.argmax(-1) == ref.argmax(-1)).all()
 
 
+def test_gpu_graph_runs_a_split_qkv(tiny_gguf) -> None:
+    """Q5_0 q and k beside a Q8_0 v: a matmul each, their outputs concatenated, as on the CPU."""
+    gguf = tiny_gguf("qwen2", "Q5_0+Q8_0:attn_v")
+    ref = reference_logits(gguf, ids := _ids(_vocab(gguf)))
+    ours = _gpu_graph_on_cpu_logits(gguf, "gguf", ids)
+    assert _cos(ours, ref).min() >= Q8_BAR
+    assert (ours.argmax(-1) == ref.argmax(-1)).all()
+
+
 def test_gpu_graph_int4_holds_the_cpu_bar(tiny_gguf) -> None:
     gguf = tiny_gguf("qwen2")
     ref = reference_logits(gguf, ids := _ids(_vocab(gguf)))

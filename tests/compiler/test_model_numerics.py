@@ -20,13 +20,19 @@ DECODE_STEPS = 8
 
 # gguf mode keeps the file's own weights, so against the numpy reference of that same file only
 # the int8 activations differ: each family on a block type the zoo has (SmolLM2: Q4_1; Qwen and
-# Gemma: Q5_0 with a Q8_0 attn_v fused beside it, and Q4_0). Measured: min cosine 0.9994-0.99993.
-GGUF_CASES = (("llama", "Q4_1"), ("qwen2", "Q5_0+Q8_0:attn_v"), ("gemma3", "Q4_0"), ("llama", "Q5_1"))
+# Gemma: Q5_0 with a Q8_0 attn_v beside it, its own matmul, and Q4_0). Measured: min cosine
+# 0.9994-0.99993.
+MIXED_QKV = "Q5_0+Q8_0:attn_v"
+GGUF_CASES = (("llama", "Q4_1"), ("qwen2", MIXED_QKV), ("gemma3", "Q4_0"), ("llama", "Q5_1"))
 # A float16 KV cache rounds q, k, v and the attention output to half (the attention itself runs
 # in float32): (min cosine vs the reference, max |logit change| / max |logit| vs the float32 cache).
 # Measured: min cosine 0.9999995-0.9999999, change 1.5e-4 (llama) to 7.9e-4 (gemma3, whose chunks
 # of 3 tokens also merge their history attention in half).
 F16_KV_BAR = (0.9999, 2e-3)
+# A fused weight split by layout (Q5_0 q and k beside a Q8_0 v) against it fused, as max |logit
+# change| / max |logit|: the weights' values are the same, and so is the activations' rounding (int8
+# per group of 32 in both layouts). Measured: 0.
+SPLIT_BAR = 1e-5
 
 
 def _cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -108,6 +114,33 @@ def test_gguf_mode_matches_the_reference_of_its_own_file(
     agree = (ours.argmax(-1) == ref.argmax(-1)).mean()
     print(f"\n{family} gguf {tensor_type} vs reference: min cosine {cos.min():.6f}, top-1 {agree:.2f}")
     assert cos.min() >= GGUF_BAR[0] and agree >= GGUF_BAR[1]
+
+
+def test_a_split_qkv_gives_the_fused_ones_logits(
+    tiny_bundle, tiny_gguf, prompts, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Q5_0 q and k beside a Q8_0 v run as two matmuls (q and k at 5 bits, v at 8) where they ran
+    as one (all at 8 bits): the same values either way, so the same logits up to float order."""
+    from goinfer.artifacts import giw
+    from goinfer.compiler.build import BuildOptions, build
+    from goinfer.compiler.models import decoder, layers
+
+    split = tiny_bundle("qwen2", "gguf", MIXED_QKV)
+    with giw.open_bundle(split, verify="none") as b:
+        assert "layers.0.attn.qkv.1" in b.manifest["weight_schemes"]
+
+    def one_matmul(pick, tensors, in_features, out_features, names):  # as before splits
+        return layers.QLinear(pick([tensors[n] for n in names]), in_features, out_features, names)
+
+    monkeypatch.setattr(decoder, "fused_linear", one_matmul)
+    fused = tmp_path / "fused.giw"
+    build(tiny_gguf("qwen2", MIXED_QKV), fused, BuildOptions(num_cores=2, kv_dtype="float32"), progress=print)
+    monkeypatch.undo()
+    ids, cont = prompts["qwen2"]
+    a, b = _run(split, ids, cont), _run(fused, ids, cont)
+    change = float(np.abs(a - b).max() / np.abs(b).max())
+    print(f"\nsplit qkv vs fused: max |logit change| / max |logit| {change:.1e}")
+    assert change <= SPLIT_BAR and (a.argmax(-1) == b.argmax(-1)).all()
 
 
 @pytest.mark.parametrize("family", FAMILIES)
