@@ -34,7 +34,15 @@ The tile (`_tile`):
 Measured (the two-call prefill these replaced had the same tile), 2 threads, one layer's kernel:
 Gemma-3-270M shape (4 q / 1 kv heads, d 256) 512 tokens 21.3 -> 5.6 ms against the task per
 (query, head) before; Qwen2.5-0.5B shape (14 / 2 heads, d 64) 512 tokens 33.1 -> 5.0 ms.
-Decode, f16 pages, one call a layer over 28 page pools (bench figures in `decode`'s docstring).
+Decode (`_group`: the same arithmetic, keys in the lanes, a kv head's K/V read once for its group):
+Intel Xeon, 2 threads, float16 pages, one call a layer over 28 page pools (A/B in one process,
+min of 3), against the task per (sequence, q head) before: Qwen2.5-1.5B shape (12 q / 2 kv heads,
+d 128) 1k keys 0.17 -> 0.14 ms, 4k 1.17 -> 0.70 ms, 15k 6.0 -> 2.7 ms; Qwen2.5-0.5B shape (14 / 2,
+d 64) 1k 0.105 -> 0.070, 4k 0.54 -> 0.35, 15k 3.4 -> 1.55 ms. The tile itself in decode (16 lanes,
+6 of them rows) was 3.1 ms at 15k on the 1.5B shape. What is left is the reading: a kv head's K
+(or V) block is a 4 KB run with the other heads' between them in TVM's page layout, which the
+hardware prefetcher streams at ~6 GB/s here (numpy reads one head of such pages at 7 GB/s, a
+whole pool at 14); prefetching two blocks ahead in software made it slower.
 
 Every kernel takes the cache's dtype (`dtype`: float32 or float16) for q, the K/V (pages or the
 ragged chunk) and the output, as TVM's cache hands them all in its one dtype; lse is float32 either
@@ -418,20 +426,150 @@ def ragged_unrouted(h_kv: int, h_q: int, d: int, dtype: str = "float32") -> tirx
     return attention_ragged_unrouted
 
 
+def _butterfly(op, x):
+    """op over a 16-lane vector's lanes, the result in every lane. Lane l meets lane l ^ 1, then
+    l ^ 2, l ^ 4, l ^ 8: for a sum that is `_tree`'s pairing of neighbours exactly (a + b is b + a
+    in IEEE arithmetic), so a key-lane sum equals the tile's sum over its key vectors."""
+    for bit in (1, 2, 4, 8):
+        x = T.Bind(op(x, T.Shuffle([x], [lane ^ bit for lane in range(16)])))
+    return x
+
+
+def _transpose16(rows: list) -> list:
+    """16 vectors of 16 lanes -> the 16 columns, by swapping off-diagonal blocks of 8, 4, 2, 1."""
+    v = [T.Bind(r) for r in rows]
+    for bit in (8, 4, 2, 1):
+        low = [lane if not lane & bit else 16 + (lane ^ bit) for lane in range(16)]
+        high = [16 + lane if lane & bit else lane ^ bit for lane in range(16)]
+        nxt = list(v)
+        for i in (i for i in range(16) if not i & bit):
+            nxt[i] = T.Bind(T.Shuffle([v[i], v[i | bit]], low))
+            nxt[i | bit] = T.Bind(T.Shuffle([v[i], v[i | bit]], high))
+        v = nxt
+    return v
+
+
+def _group(d: int, h_kv: int, heads: int, dtype: str):
+    """The decode core: `attend(...)` runs up to `heads` q heads of one kv head, one query each,
+    over keys [lo, hi) in pages, with the tile's arithmetic (`_tile`) but keys in the lanes.
+
+    A decode step has one query, so the tile's lanes (rows) would hold only the group's heads
+    (6 of 16 on Qwen2.5-1.5B) and do 16-lane work for each. Here a block's 16 keys are the lanes:
+    its K block transposed once into columns serves every head (scores: a K column times the
+    head's query element, broadcast), and the output's head_dim is the lanes of p @ V. Each
+    (head, key) score and each output element is computed by the very operations, in the very
+    order, the tile uses for that row (tests compare the bits); the per-head softmax values are
+    vectors with every lane equal, computed as the tile computes a lane."""
+    assert KEY_BLOCK == PAGE_SIZE == 16
+    KB, G = KEY_BLOCK, heads
+    vl = _lanes(d)
+    width = -(-d // 16) * 16  # a copied row, padded with zeros to whole 16-column chunks
+
+    def page_at(where, j, kv):
+        values, first, shift, hk = where
+        p = j + shift
+        return (((values[first + p // PAGE_SIZE] * 2 + kv) * h_kv + hk) * PAGE_SIZE + p % PAGE_SIZE) * d
+
+    def head(g):  # head g's 16 lanes (its scores, or its max and sum in every lane)
+        return T.ramp(g * KB, 1, KB)
+
+    def chunk(r, c0):  # columns c0 * vl .. of row r of a (rows, d) buffer
+        return T.ramp(r * d + c0 * vl, 1, vl)
+
+    def live(j0, lo, hi):  # which of the block's keys are visible (a bool vector cannot be bound)
+        return T.And(T.ramp(j0, 1, KB) >= _vec(lo), T.ramp(j0, 1, KB) < _vec(hi))
+
+    zeros = _vec(T.float32(0))
+    lowest = _vec(T.float32(_MIN))
+
+    @T.macro
+    def attend(qf, of, lf, rows, n_live, scale, lo, hi, pf, where, hist_lo, h):
+        qs = T.alloc_buffer((G * d,), "float32")  # each head's query, scaled
+        ot = T.alloc_buffer((G * d,), "float32")  # each head's output
+        kb = T.alloc_buffer((KB * width,), "float32")  # the block's K rows, then its columns
+        kt = T.alloc_buffer((width * KB,), "float32")
+        vb = T.alloc_buffer((KB * d,), "float32")
+        s = T.alloc_buffer((G * KB,), "float32")  # scores, then weights: [head, key]
+        ms = T.alloc_buffer((G * KB,), "float32")  # running max and sum, every lane equal
+        ls = T.alloc_buffer((G * KB,), "float32")
+        state = T.alloc_buffer((2 * KB,), "float32")  # a head's new max, and its alpha
+        acc = T.alloc_buffer((d,), "float32")  # a head's output, in registers through the keys
+        for g in T.serial(G):
+            for c in T.serial(d):
+                qs[g * d + c] = _f32(qf[rows[g], c]) * scale
+                ot[g * d + c] = T.float32(0)
+            ms[T.ramp(g * KB, 1, KB)] = lowest
+            ls[T.ramp(g * KB, 1, KB)] = zeros
+        for i in T.serial(KB * width):
+            kb[i] = T.float32(0)
+        for blk in T.serial((hi + KB - 1) // KB - lo // KB):
+            j0 = T.Bind((lo // KB + blk) * KB)
+            # 1. the block's K and V rows, widened; zeros where no key is visible (masked)
+            for jj in T.serial(KB):
+                if j0 + jj >= lo and j0 + jj < hi and j0 + jj >= hist_lo and j0 + jj < h:
+                    k_row = T.Bind(page_at(where, j0 + jj, 0))
+                    v_row = T.Bind(page_at(where, j0 + jj, 1))
+                    for c in T.serial(d // vl):
+                        kb[T.ramp(jj * width + c * vl, 1, vl)] = _f32(pf[T.ramp(k_row + c * vl, 1, vl)])
+                        vb[T.ramp(jj * d + c * vl, 1, vl)] = _f32(pf[T.ramp(v_row + c * vl, 1, vl)])
+                else:
+                    for c in T.serial(d // vl):
+                        kb[T.ramp(jj * width + c * vl, 1, vl)] = T.Broadcast(T.float32(0), vl)
+                        vb[T.ramp(jj * d + c * vl, 1, vl)] = T.Broadcast(T.float32(0), vl)
+            # 2. K columns: kt[c, key]
+            for c16 in T.serial(width // 16):
+                cols = _transpose16([kb[T.ramp(jj * width + c16 * 16, 1, 16)] for jj in range(KB)])
+                kt[T.ramp(c16 * 16 * KB, 1, 16 * KB)] = T.Shuffle(cols, list(range(16 * KB)))
+            # 3. scores, every head at once (independent FMA chains): as the tile, summed over c
+            for g in T.unroll(G):
+                s[T.ramp(g * KB, 1, KB)] = zeros
+            for c in T.serial(d):
+                for g in T.unroll(G):
+                    s[T.ramp(g * KB, 1, KB)] = s[T.ramp(g * KB, 1, KB)] + kt[T.ramp(c * KB, 1, KB)] * _vec(
+                        qs[g * d + c]
+                    )
+            # 4. online softmax per head, and output = output * alpha + p @ V (head_dim in lanes);
+            #    unrolled, so every index into the scores is constant and they stay in registers
+            for g in T.unroll(G):
+                sc = T.Bind(T.Select(live(j0, lo, hi), s[head(g)], lowest))
+                state[head(0)] = T.max(ms[head(g)], _butterfly(T.max, sc))  # the new max
+                state[head(1)] = _weight(ms[head(g)] - state[head(0)])  # alpha
+                ms[head(g)] = state[head(0)]
+                s[head(g)] = T.Select(live(j0, lo, hi), _weight(sc - state[head(0)]), zeros)
+                ls[head(g)] = ls[head(g)] * state[head(1)] + _butterfly(_add, s[head(g)])
+                # the d / vl column chunks are independent FMA chains, each over the keys in order
+                for c0 in T.unroll(d // vl):
+                    acc[chunk(0, c0)] = ot[chunk(g, c0)] * T.Broadcast(state[KB], vl)
+                for jj in T.unroll(KB):
+                    p = T.Bind(T.Broadcast(s[g * KB + jj], vl))  # key jj's weight
+                    for c0 in T.unroll(d // vl):
+                        acc[chunk(0, c0)] = acc[chunk(0, c0)] + vb[chunk(jj, c0)] * p
+                for c0 in T.unroll(d // vl):
+                    ot[chunk(g, c0)] = acc[chunk(0, c0)]
+        for g in T.serial(n_live):
+            ls[g * KB] = T.max(ls[g * KB], T.float32(1e-30))  # no keys: output 0, not NaN
+            lf[rows[g]] = ms[g * KB] + T.log2(ls[g * KB])
+            ls[g * KB] = T.float32(1) / ls[g * KB]
+            for c in T.serial(d):
+                of[rows[g], c] = _as(dtype, ot[g * d + c] * ls[g * KB])
+
+    return attend
+
+
 def decode(h_kv: int, h_q: int, d: int, sliding: bool, window: int, dtype: str = "float32") -> tirx.PrimFunc:
     """One new token per sequence over its pages (its own K/V among them: TVM appends before a
     decode step attends), the stock `batch_decode_paged_kv`'s signature.
 
-    The tile core as prefill runs it, so a decode step's output is a prefill's bit for bit. A
-    task is one sequence's kv head and its group's q heads as the lanes: each K/V row is read
-    once for the group (once per q head before: 7 times on Qwen2.5-0.5B). With one kv head the
-    group is split over two tasks, so two cores share the keys."""
+    The tile's arithmetic with keys in the lanes (`_group`), so a decode step's output is a
+    prefill's bit for bit. A task is one sequence's kv head and its group's q heads: each K/V row
+    is read once for the group (once per q head before: 7 times on Qwen2.5-0.5B). With one kv
+    head the group is split over two tasks, so two cores share the keys."""
     check_dtype(dtype)
     group = h_q // h_kv
     window = window if sliding else 0
-    splits = max(-(-group // ROWS), 2 if h_kv == 1 and group > 1 else 1)
+    splits = 2 if h_kv == 1 and group > 1 else 1
     per_task = -(-group // splits)
-    attend = _tile(d, h_kv, h_q, dtype)
+    attend = _group(d, h_kv, per_task, dtype)
 
     @T.prim_func(private=True)
     def attention_decode(
@@ -475,17 +613,12 @@ def decode(h_kv: int, h_q: int, d: int, sliding: bool, window: int, dtype: str =
             # the query's absolute position: the last key's (with a window, from the rope map)
             pos = T.Bind(_query_pos(q_pos, sliding, b, n_kv))
             offset = T.Bind(_window_offset(info, sliding, b))
-            rows = T.alloc_buffer((ROWS,), "int32")
-            lo_b = T.alloc_buffer((ROWS,), "int32")
-            hi_b = T.alloc_buffer((ROWS,), "int32")
-            for r in T.serial(ROWS):
-                rows[r] = b * h_q + hk * group + T.min(head0 + r, group - 1)
-                lo_b[r] = _window_lo(window, pos)
-                hi_b[r] = pos + 1
-            where = T.meta_var((page_values, page_indptr[b], offset - (pos + 1 - n_kv), pos + 1 - n_kv,
-                                pos + 1, 0, pos + 1, hk))  # fmt: skip
+            rows = T.alloc_buffer((per_task,), "int32")
+            for g in T.serial(per_task):
+                rows[g] = b * h_q + hk * group + T.min(head0 + g, group - 1)
+            where = T.meta_var((page_values, page_indptr[b], offset - (pos + 1 - n_kv), hk))
             attend(qf, of, lf, rows, T.min(per_task, group - head0), sm_scale * LOG2E,
-                   lo_b, hi_b, pf, pf, pf, where)  # fmt: skip
+                   _window_lo(window, pos), pos + 1, pf, where, pos + 1 - n_kv, pos + 1)  # fmt: skip
 
     return attention_decode
 
