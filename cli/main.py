@@ -205,6 +205,13 @@ _N0, _N1 = click.IntRange(min=0), click.IntRange(min=1)
     type=_N1,
 )
 @knob(
+    "--spec",
+    SchedulerConfig,
+    "spec",
+    "ngram: speculative decoding from prompt lookup, output identical to plain decoding (CPU)",
+    type=click.Choice(["off", "ngram"]),
+)
+@knob(
     "--prefix-reuse",
     SchedulerConfig,
     "prefix_reuse",

@@ -20,4 +20,5 @@ class SchedulerConfig:
     kv_tokens: int = 0  # the cache's capacity in tokens, all sequences together (0: the window)
     context: int = 0  # caps the model's context window (0: the bundle's)
     session_dir: str | None = None  # warm sessions persisted here and restored at start
+    spec: str = "off"  # "off" | "ngram": prompt-lookup speculative decoding (runtime/speculate.py)
     prefix_reuse: str = "exact"  # "exact": bit-exact reuse (any token on the CPU) | "longest" (kv_pool.py)

@@ -106,6 +106,12 @@ class KVPool:
         best.busy, best.exact = True, exact - exact % self.granule
         return best, best_len
 
+    def pop(self, seq: Seq, n: int) -> None:
+        """The last `n` tokens of an owned `seq` leave the cache (rejected drafts)."""
+        rt.pop_tokens(self.kv, seq.id, n)
+        del seq.tokens[len(seq.tokens) - n :]
+        seq.exact = min(seq.exact, len(seq.tokens))
+
     def new(self) -> Seq:
         """An empty sequence, owned by the caller."""
         seq = Seq(next(self._ids), [], busy=True)

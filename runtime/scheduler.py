@@ -43,6 +43,7 @@ from .decode import Detokenizer, GenerationRequest, StepEvent, generate_events
 from .kv_pool import KVPool, Seq
 from .session_files import SessionFiles
 from .session_store import SavedSession
+from .speculate import MAX_DRAFT, NgramDrafter
 
 log = logging.getLogger("goinfer.runtime")
 
@@ -93,6 +94,12 @@ class Session:
     admitted: float = field(default_factory=time.monotonic)
     job: _Job | None = None
     pending: list[int] = field(default_factory=list)  # tokens to (re)feed: the prompt, or a preempted history
+    # --spec ngram: drafts in the cache past the last sampled token, the logits after each, and
+    # how many the round drafted (runtime/speculate.py)
+    drafter: NgramDrafter | None = None
+    ahead: list[int] = field(default_factory=list)
+    ahead_rows: list[np.ndarray] = field(default_factory=list)
+    drafted: int = 0
 
     def prefill(self) -> tuple[np.ndarray, int]:
         job = self.scheduler._submit_prefill(self)
@@ -198,6 +205,13 @@ class Scheduler:
     def _submit_decode(self, s: Session, token: int) -> _Job:
         with self._cond:
             s.job = _Job()
+            if s.ahead and token == s.ahead[0]:  # sampling picked the draft: its logits are there
+                s.ahead.pop(0)
+                s.drafter.extend([token])
+                s.job.finish(s.ahead_rows.pop(0))
+                if not s.ahead:
+                    s.drafter.outcome(s.drafted, s.drafted)
+                return s.job
             self._decodes.append((s, token))
             self._cond.notify()
             return s.job
@@ -394,6 +408,12 @@ class Scheduler:
         with self._cond:
             if s in self._prefills:
                 self._prefills.remove(s)
+        self._drop_drafts(s)
+        if s.drafter is not None:  # one line a generation under --spec
+            d = s.drafter
+            log.info(
+                "speculation: %d tokens drafted, %d accepted in %d rounds", d.drafted, d.accepted, d.rounds
+            )
         seq, s.seq = s.seq, None
         if seq is not None and seq.id in self.pool.seqs:
             self.pool.release(seq)
@@ -407,31 +427,60 @@ class Scheduler:
     def _decode_step(self, decodes: list[tuple[Session, int]]) -> None:
         live = []
         for s, token in decodes:
+            self._drop_drafts(s)  # sampling picked another token than the next draft
             if s.cancel.is_set():
                 s.job.finish(error=Cancelled())
             else:
                 live.append((s, token))
-        # Short of pages: preempt the youngest until the rest fit.
-        live.sort(key=lambda st: st[0].admitted)
-        while live and not self._room([(s.seq, 1) for s, _ in live]):
-            s, token = live.pop()
-            self._preempt(s, token)
-        # a forward's tokens, decode ones too, fit the cache's prefill chunk
+        # a forward's tokens, decode ones and drafts, fit the cache's prefill chunk
         size = max(1, min(self.config.max_concurrent, self.model.prefill_chunk)) if self.batch else 1
-        for i in range(0, len(live), size):
-            self._run_decode(live[i : i + size])
+        share = self.model.prefill_chunk // max(1, min(len(live), size))
+        feeds = [(s, [token, *self._drafts(s, token, share - 1)]) for s, token in live]
+        # Short of pages: preempt the youngest until the rest fit.
+        feeds.sort(key=lambda sf: sf[0].admitted)
+        while feeds and not self._room([(s.seq, len(feed)) for s, feed in feeds]):
+            s, feed = feeds.pop()
+            self._preempt(s, feed[0])
+        for i in range(0, len(feeds), size):
+            self._run_decode(feeds[i : i + size])
 
-    def _run_decode(self, batch: list[tuple[Session, int]]) -> None:
+    def _drafts(self, s: Session, token: int, limit: int) -> list[int]:
+        """--spec ngram: what may follow `token` (runtime/speculate.py), or nothing. Only where a
+        forward's rows are single steps' bit for bit (a CPU cache: kv_pool granule 1)."""
+        if self.config.spec != "ngram" or self.pool.granule != 1:
+            return []
+        if s.drafter is None:
+            s.drafter = NgramDrafter(s.seq.tokens)
+        s.drafter.extend([token])
+        room = self.model.context_length - len(s.seq.tokens) - 2  # the window: token, and one more
+        return s.drafter.propose(min(limit, room, MAX_DRAFT))
+
+    def _drop_drafts(self, s: Session) -> None:
+        """The drafts still ahead of what `s` sampled leave the cache (and its pages)."""
+        if not s.ahead:
+            return
+        s.drafter.outcome(s.drafted, s.drafted - len(s.ahead))
+        if s.seq is not None and s.seq.id in self.pool.seqs:
+            self.pool.pop(s.seq, len(s.ahead))
+        s.ahead, s.ahead_rows = [], []
+
+    def _run_decode(self, batch: list[tuple[Session, list[int]]]) -> None:
         seqs = [s.seq for s, _ in batch]
-        try:
-            rows = self.model.run(self.pool.kv, [q.id for q in seqs], [[t] for _, t in batch])
+        feeds = [feed for _, feed in batch]
+        drafting = any(len(feed) > 1 for feed in feeds)
+        try:  # with drafts: every fed position's logits
+            rows = self.model.run(self.pool.kv, [q.id for q in seqs], feeds, every_position=drafting)
         except Exception as e:
             for s, _ in batch:
                 s.job.finish(error=e)
             return
-        for i, (s, token) in enumerate(batch):
-            self.pool.computed(s.seq, [token])  # reusable as a prefilled token, on the CPU
-            s.job.finish(rows[i])
+        at = 0
+        for s, feed in batch:
+            mine = rows[at : at + len(feed)] if drafting else rows[at : at + 1]
+            at += len(mine)
+            self.pool.computed(s.seq, feed)  # reusable as prefilled tokens, on the CPU
+            s.ahead, s.ahead_rows, s.drafted = feed[1:], list(mine[1:]), len(feed) - 1
+            s.job.finish(mine[0])
 
     def _preempt(self, s: Session, token: int) -> None:
         """Drop `s`'s KV; it is recomputed from its tokens (and `token`) as a prompt, first in line."""

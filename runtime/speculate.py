@@ -1,0 +1,62 @@
+"""Prompt-lookup drafting for speculative decoding (`--spec ngram`).
+
+Agents copy most of a file back when they edit it, so the next tokens are often already in the
+sequence. `NgramDrafter` finds the latest earlier occurrence of the sequence's last n tokens (n
+from MAX_N down to MIN_N) and proposes the tokens that followed it. Its index maps each n-gram
+to where its latest occurrence ended, and grows by one entry per n with each token: no rescan.
+
+The scheduler feeds a step's token and the drafts in one forward, hands the generation the
+logits after its token, and keeps the logits after each draft. The generation samples as it
+always does; when what it samples is the next draft, those logits are already there and no
+forward runs. Drafts are only guesses at what sampling will pick, never tokens emitted on their
+own, so the output is plain decoding's, byte for byte, greedy or sampled, grammar or not: a
+forward's rows are the logits a single-token step gives, bit for bit (runtime/kv_pool.py). A
+draft the generation did not pick is popped from the cache.
+
+How many tokens to draft adapts: after a round whose drafts were all taken, two more (up to
+MAX_DRAFT); otherwise one more than were taken. No match, no draft: prose costs nothing.
+"""
+
+from __future__ import annotations
+
+MIN_N, MAX_N = 2, 4  # n-gram lengths matched, longest first
+FIRST_DRAFT, MAX_DRAFT = 4, 8  # tokens drafted a step: at first, at most
+
+
+class NgramDrafter:
+    def __init__(self, tokens: list[int]):
+        self.tokens: list[int] = []
+        self.ends: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(MIN_N, MAX_N + 1)}
+        self.k = FIRST_DRAFT
+        self.drafted = self.accepted = self.rounds = 0  # over the generation, for its log line
+        self.extend(tokens)
+
+    def extend(self, tokens: list[int]) -> None:
+        """Tokens now certain (the prompt, then each generated one)."""
+        for t in tokens:
+            # the n-grams ending at the current end become "earlier" once t follows them
+            end = len(self.tokens)
+            for n in self.ends:
+                if end >= n:
+                    self.ends[n][tuple(self.tokens[end - n : end])] = end
+            self.tokens.append(t)
+
+    def propose(self, limit: int) -> list[int]:
+        """Up to min(k, limit) tokens that followed the longest earlier match of the sequence's end."""
+        want = min(self.k, limit)
+        if want <= 0:
+            return []
+        for n in range(MAX_N, MIN_N - 1, -1):
+            if len(self.tokens) < n:
+                continue
+            end = self.ends[n].get(tuple(self.tokens[-n:]))
+            if end is not None:
+                return self.tokens[end : end + want]
+        return []
+
+    def outcome(self, drafted: int, accepted: int) -> None:
+        """A round's result: `accepted` of its `drafted` tokens were what sampling picked."""
+        self.drafted += drafted
+        self.accepted += accepted
+        self.rounds += 1
+        self.k = min(MAX_DRAFT, self.k + 2) if accepted == drafted else max(1, accepted + 1)
