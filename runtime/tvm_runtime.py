@@ -7,7 +7,8 @@ cuda.py (the CUDA door) loads TVM's CUDA runtime beside it and calls tvm_ffi its
 kv_pool.py, selftest.py and gpu_selftest.py call through this module; none of them imports the tvm
 package. A compiler in the same process (a build, the tests) imports tvm as usual; both then share
 the one loaded runtime library. One builtin is replaced, the paged KV cache's constructor, by a
-wrapper that lets export_sequence and import_sequence reach the cache's pages (see there).
+wrapper that lets export_sequence and import_sequence reach the cache's pages and routes a CPU
+cache's prefill attention through one kernel (see `_route_prefill`).
 """
 
 from __future__ import annotations
