@@ -77,6 +77,14 @@ def build(source: str, target: str, cuda_arch: str, quant: str, kv_dtype: str, o
 @click.option("--seed", default=None, type=int)
 @click.option("--chat", is_flag=True, help="render PROMPT as a user turn through the model's chat template")
 @click.option("--system", default=None, help="a system message (with --chat)")
+@knob(
+    "--spec",
+    SchedulerConfig,
+    "spec",
+    "ngram: speculative decoding from prompt lookup, the same tokens faster where the reply repeats the "
+    "prompt (CPU)",
+    type=click.Choice(["off", "ngram"]),
+)
 @knob("--quant", BuildOptions, "quant", "used only when MODEL must be built")
 @options.kv_dtype
 @click.option("--verbose", "-v", is_flag=True, help="timings on stderr")
@@ -87,6 +95,7 @@ def generate(
     prompt: str,
     chat: bool,
     system: str | None,
+    spec: str,
     quant: str,
     kv_dtype: str,
     verbose: bool,
@@ -112,7 +121,7 @@ def generate(
             ids = m.encode(prompt)
         request = GenerationRequest(ids, dataclasses.replace(GENERATE, **sampling))
         out = sys.stdout
-        for event in m.generate(request):
+        for event in m.generate(request, spec=spec):
             if event.text:
                 out.write(event.text)
                 out.flush()

@@ -12,7 +12,7 @@ import contextlib
 import ctypes
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from . import tvm_runtime as rt
 from .config import DEFAULT_PREFILL_CHUNK
 from .decode import Detokenizer, GenerationRequest, StepEvent, generate_events
 from .grammar import GrammarTokenizer
+from .speculate import Lookahead
 
 __all__ = ["Model", "StepEvent"]
 
@@ -293,17 +294,40 @@ class Model:
         return self._forward([token_id])[-1]
 
     # -- generation ----------------------------------------------------------------------
-    def generate(self, request: GenerationRequest) -> Iterator[StepEvent]:
+    def generate(self, request: GenerationRequest, spec: str = "off") -> Iterator[StepEvent]:
         """Stream tokens on sequence 0; the final event carries finish_reason and timings (see
-        `decode.generate_events`)."""
+        `decode.generate_events`). `spec` "ngram": speculative decoding, the same tokens (on the
+        CPU; runtime/speculate.py)."""
         ids = list(request.prompt_ids)
         if not ids:
             raise ValueError("empty prompt")
+        step = self._speculative_step(ids) if spec == "ngram" and self.device == "cpu" else self.decode_step
         return generate_events(
             request,
             Detokenizer(self.tokenizer, ids),
             lambda: (self.prefill(ids), 0),
-            self.decode_step,
+            step,
             self.context_length,
             self.stop_ids,
         )
+
+    def _speculative_step(self, ids: list[int]) -> Callable[[int], np.ndarray]:
+        """`decode_step` with prompt-lookup drafts fed beside each token (the scheduler's rule)."""
+        spec = Lookahead(ids)
+
+        def step(token: int) -> np.ndarray:
+            row = spec.take(token)
+            if row is not None:
+                return row
+            n = spec.dropped()
+            if n:
+                rt.pop_tokens(self._kv, 0, n)
+                self._kv_len -= n
+            if self._kv_len >= self.context_length:
+                raise ValueError("context window is full")
+            feed = spec.feed(token, min(self.prefill_chunk - 1, self.context_length - self._kv_len - 2))
+            rows = self._forward(feed, every_position=len(feed) > 1)
+            spec.fed(feed, rows)
+            return rows[0] if len(feed) > 1 else rows[-1]
+
+        return step

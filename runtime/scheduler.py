@@ -43,7 +43,7 @@ from .decode import Detokenizer, GenerationRequest, StepEvent, generate_events
 from .kv_pool import KVPool, Seq
 from .session_files import SessionFiles
 from .session_store import SavedSession
-from .speculate import MAX_DRAFT, NgramDrafter
+from .speculate import Lookahead
 
 log = logging.getLogger("goinfer.runtime")
 
@@ -94,12 +94,7 @@ class Session:
     admitted: float = field(default_factory=time.monotonic)
     job: _Job | None = None
     pending: list[int] = field(default_factory=list)  # tokens to (re)feed: the prompt, or a preempted history
-    # --spec ngram: drafts in the cache past the last sampled token, the logits after each, and
-    # how many the round drafted (runtime/speculate.py)
-    drafter: NgramDrafter | None = None
-    ahead: list[int] = field(default_factory=list)
-    ahead_rows: list[np.ndarray] = field(default_factory=list)
-    drafted: int = 0
+    spec: Lookahead | None = None  # --spec ngram: its drafts (runtime/speculate.py)
 
     def prefill(self) -> tuple[np.ndarray, int]:
         job = self.scheduler._submit_prefill(self)
@@ -205,12 +200,9 @@ class Scheduler:
     def _submit_decode(self, s: Session, token: int) -> _Job:
         with self._cond:
             s.job = _Job()
-            if s.ahead and token == s.ahead[0]:  # sampling picked the draft: its logits are there
-                s.ahead.pop(0)
-                s.drafter.extend([token])
-                s.job.finish(s.ahead_rows.pop(0))
-                if not s.ahead:
-                    s.drafter.outcome(s.drafted, s.drafted)
+            row = s.spec.take(token) if s.spec is not None else None
+            if row is not None:  # sampling picked the next draft: its logits are there
+                s.job.finish(row)
                 return s.job
             self._decodes.append((s, token))
             self._cond.notify()
@@ -409,11 +401,8 @@ class Scheduler:
             if s in self._prefills:
                 self._prefills.remove(s)
         self._drop_drafts(s)
-        if s.drafter is not None:  # one line a generation under --spec
-            d = s.drafter
-            log.info(
-                "speculation: %d tokens drafted, %d accepted in %d rounds", d.drafted, d.accepted, d.rounds
-            )
+        if s.spec is not None:  # one line a generation under --spec
+            log.info(s.spec.log_line())
         seq, s.seq = s.seq, None
         if seq is not None and seq.id in self.pool.seqs:
             self.pool.release(seq)
@@ -435,7 +424,7 @@ class Scheduler:
         # a forward's tokens, decode ones and drafts, fit the cache's prefill chunk
         size = max(1, min(self.config.max_concurrent, self.model.prefill_chunk)) if self.batch else 1
         share = self.model.prefill_chunk // max(1, min(len(live), size))
-        feeds = [(s, [token, *self._drafts(s, token, share - 1)]) for s, token in live]
+        feeds = [(s, self._feed(s, token, share - 1)) for s, token in live]
         # Short of pages: preempt the youngest until the rest fit.
         feeds.sort(key=lambda sf: sf[0].admitted)
         while feeds and not self._room([(s.seq, len(feed)) for s, feed in feeds]):
@@ -444,25 +433,21 @@ class Scheduler:
         for i in range(0, len(feeds), size):
             self._run_decode(feeds[i : i + size])
 
-    def _drafts(self, s: Session, token: int, limit: int) -> list[int]:
-        """--spec ngram: what may follow `token` (runtime/speculate.py), or nothing. Only where a
-        forward's rows are single steps' bit for bit (a CPU cache: kv_pool granule 1)."""
+    def _feed(self, s: Session, token: int, limit: int) -> list[int]:
+        """`token`, and with --spec ngram up to `limit` drafts after it (runtime/speculate.py). Only
+        where a forward's rows are single steps' bit for bit (a CPU cache: kv_pool granule 1)."""
         if self.config.spec != "ngram" or self.pool.granule != 1:
-            return []
-        if s.drafter is None:
-            s.drafter = NgramDrafter(s.seq.tokens)
-        s.drafter.extend([token])
+            return [token]
+        if s.spec is None:
+            s.spec = Lookahead(s.seq.tokens)
         room = self.model.context_length - len(s.seq.tokens) - 2  # the window: token, and one more
-        return s.drafter.propose(min(limit, room, MAX_DRAFT))
+        return s.spec.feed(token, min(limit, room))
 
     def _drop_drafts(self, s: Session) -> None:
         """The drafts still ahead of what `s` sampled leave the cache (and its pages)."""
-        if not s.ahead:
-            return
-        s.drafter.outcome(s.drafted, s.drafted - len(s.ahead))
-        if s.seq is not None and s.seq.id in self.pool.seqs:
-            self.pool.pop(s.seq, len(s.ahead))
-        s.ahead, s.ahead_rows = [], []
+        n = s.spec.dropped() if s.spec is not None else 0
+        if n and s.seq is not None and s.seq.id in self.pool.seqs:
+            self.pool.pop(s.seq, n)
 
     def _run_decode(self, batch: list[tuple[Session, list[int]]]) -> None:
         seqs = [s.seq for s, _ in batch]
@@ -479,7 +464,8 @@ class Scheduler:
             mine = rows[at : at + len(feed)] if drafting else rows[at : at + 1]
             at += len(mine)
             self.pool.computed(s.seq, feed)  # reusable as prefilled tokens, on the CPU
-            s.ahead, s.ahead_rows, s.drafted = feed[1:], list(mine[1:]), len(feed) - 1
+            if s.spec is not None:
+                s.spec.fed(feed, mine)
             s.job.finish(mine[0])
 
     def _preempt(self, s: Session, token: int) -> None:

@@ -60,3 +60,46 @@ class NgramDrafter:
         self.accepted += accepted
         self.rounds += 1
         self.k = min(MAX_DRAFT, self.k + 2) if accepted == drafted else max(1, accepted + 1)
+
+
+class Lookahead:
+    """One generation's speculation: its drafter, and the drafts fed past its last sampled token
+    with the logits after each. The caller owns the cache: `step` says what to feed, `dropped`
+    how many tokens to pop."""
+
+    def __init__(self, tokens: list[int]):
+        self.drafter = NgramDrafter(tokens)
+        self.ahead: list[int] = []
+        self.rows: list = []
+        self.drafted = 0
+
+    def take(self, token: int):
+        """The logits after `token` when it is the next draft (no forward needed), else None."""
+        if not self.ahead or token != self.ahead[0]:
+            return None
+        self.ahead.pop(0)
+        self.drafter.extend([token])
+        if not self.ahead:
+            self.drafter.outcome(self.drafted, self.drafted)
+        return self.rows.pop(0)
+
+    def dropped(self) -> int:
+        """Sampling picked another token than the next draft: how many drafts leave the cache."""
+        n = len(self.ahead)
+        if n:
+            self.drafter.outcome(self.drafted, self.drafted - n)
+            self.ahead, self.rows = [], []
+        return n
+
+    def feed(self, token: int, limit: int) -> list[int]:
+        """`token` is certain: it and up to `limit` drafts to feed in one forward."""
+        self.drafter.extend([token])
+        return [token, *self.drafter.propose(min(limit, MAX_DRAFT))]
+
+    def fed(self, feed: list[int], rows) -> None:
+        """The forward ran: `rows` are the logits after each fed token."""
+        self.ahead, self.rows, self.drafted = feed[1:], list(rows[1:]), len(feed) - 1
+
+    def log_line(self) -> str:
+        d = self.drafter
+        return f"speculation: {d.drafted} tokens drafted, {d.accepted} accepted in {d.rounds} rounds"

@@ -85,3 +85,16 @@ def test_the_drafter_proposes_what_followed_the_latest_match() -> None:
     assert d.propose(8) == [7]
     d.outcome(1, 1)
     assert d.k == 3 and (d.drafted, d.accepted) == (3, 1)
+
+
+@pytest.mark.parametrize("params", PARAMS[:2], ids=["greedy", "sampled"])
+def test_generate_with_speculation_gives_its_tokens(model: Model, params: SamplingParams) -> None:
+    """`goinfer generate --spec ngram`: Model.generate on its own sequence, the same rule."""
+
+    def tokens(prompt: list[int], spec: str) -> list[int]:
+        events = model.generate(GenerationRequest(prompt, params), spec=spec)
+        return [e.token_id for e in events if e.token_id is not None]
+
+    for seed in range(3):
+        prompt = _repetitive(model.spec.vocab_size, seed)
+        assert tokens(prompt, "ngram") == tokens(prompt, "off"), f"prompt {seed}"
