@@ -102,10 +102,6 @@ def check_dtype(dtype: str) -> None:
         raise ValueError(f"KV cache dtype {dtype!r}: the attention kernels take {', '.join(KV_DTYPES)}")
 
 
-def _splat(x):
-    return T.Broadcast(T.float32(x), KEY_BLOCK)
-
-
 def _weight(x):
     """2**x for x <= 0 (scores minus the running max, in log2 units), on 16 lanes."""
     return exp2(x, 16, bounded_above=True)
