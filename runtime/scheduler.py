@@ -421,10 +421,12 @@ class Scheduler:
                 s.job.finish(error=Cancelled())
             else:
                 live.append((s, token))
-        # a forward's tokens, decode ones and drafts, fit the cache's prefill chunk
+        # a forward's tokens fit the cache's prefill chunk. Drafts only when one generation decodes:
+        # batching already shares each weight read between several, and drafting beside them cost
+        # 4 clients 12% of their aggregate (1.5B, prose) and gained 2% on code edits
         size = max(1, min(self.config.max_concurrent, self.model.prefill_chunk)) if self.batch else 1
-        share = self.model.prefill_chunk // max(1, min(len(live), size))
-        feeds = [(s, self._feed(s, token, share - 1)) for s, token in live]
+        drafts = self.model.prefill_chunk - 1 if len(live) == 1 else 0
+        feeds = [(s, self._feed(s, token, drafts)) for s, token in live]
         # Short of pages: preempt the youngest until the rest fit.
         feeds.sort(key=lambda sf: sf[0].admitted)
         while feeds and not self._room([(s.seq, len(feed)) for s, feed in feeds]):
