@@ -64,7 +64,7 @@ class NgramDrafter:
 
 class Lookahead:
     """One generation's speculation: its drafter, and the drafts fed past its last sampled token
-    with the logits after each. The caller owns the cache: `step` says what to feed, `dropped`
+    with the logits after each. The caller owns the cache: `feed` says what to feed, `dropped`
     how many tokens to pop."""
 
     def __init__(self, tokens: list[int]):
