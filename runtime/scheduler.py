@@ -14,8 +14,8 @@ Each scheduler step runs
    up to GATHER_S for the running generations that have not submitted yet;
 2. then one chunk (at most `prefill_chunk` tokens) of the oldest waiting prompt, so a long prompt
    that arrives mid-decode holds the others up one chunk at a time, never for its whole length.
-Prompt chunks are never packed into a decode forward: the prefill attention kernels would then
-serve the decode tokens too, and a conversation's output would depend on what ran beside it.
+Prompt chunks are never packed into a decode forward (decode steps stay one token a sequence, or
+a few with --spec ngram's drafts, which run through the prefill graph and give the same bits).
 Batched rows equal single rows bit for bit (each kernel computes a row the same way whatever
 the batch), a token computes the same wherever its prompt's chunks were cut, and a reused prefix
 is exactly what a cold run computes (runtime/kv_pool.py): so at temperature 0 a conversation's reply is the
