@@ -328,6 +328,6 @@ class Model:
             feed = spec.feed(token, min(self.prefill_chunk - 1, self.context_length - self._kv_len - 2))
             rows = self._forward(feed, every_position=len(feed) > 1)
             spec.fed(feed, rows)
-            return rows[0] if len(feed) > 1 else rows[-1]
+            return rows[0]  # the logits after `token`
 
         return step

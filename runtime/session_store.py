@@ -8,7 +8,7 @@ A session file holds a warm sequence's token ids and, where TVM can export it, i
 
 The header names the bundle (its header sha256, which commits to every blob), the token count,
 when the session was last used, how many leading tokens are exact (as a cold run computes them:
-KVPool) and in which prefill chunk, and the KV checkpoint's metadata (null when only ids are kept).
+KVPool) and in which granule they count, and the KV checkpoint's metadata (null when only ids are kept).
 A file is written to a temporary name, flushed to disk and renamed over the old one, so a crash
 leaves the old file or the new one, never half of one. On reading, anything that is not exactly
 such a file for this bundle (torn, truncated, edited, another bundle's, another format) is
@@ -44,7 +44,7 @@ class SavedSession:
     exact: int = 0  # leading tokens computed as a cold run computes them (Seq.exact)
     kv_metadata: str | None = None  # TVM's checkpoint JSON; None: ids only (re-prefilled)
     kv_groups: tuple[np.ndarray, ...] = ()  # one array per group, as the metadata describes
-    chunk: int = 0  # the prefill chunk `exact` counts in (another chunk: nothing is exact)
+    chunk: int = 0  # the granule `exact` counts in (KVPool.granule; another: nothing is exact)
 
 
 def folder(root: str | Path, bundle_id: str) -> Path:

@@ -50,9 +50,10 @@ def test_speculation_gives_plain_decodings_tokens(model: Model, params: Sampling
         spec.stop()
 
 
-def test_drafts_are_made_taken_and_dropped(model: Model) -> None:
-    """A model that repeats what it read takes its drafts; whatever it does, the sequence in the
-    cache ends as exactly the prompt and the reply (no rejected draft left behind)."""
+def test_drafts_are_made_and_rejected_ones_dropped(model: Model) -> None:
+    """A repeated phrase gives drafts; whichever of them sampling takes, the sequence in the cache
+    ends as exactly the prompt and the reply (no rejected draft left behind). That drafts are
+    taken is shown on the real coders (tests/e2e/test_speculate_real.py)."""
     vocab = model.spec.vocab_size
     spec = Scheduler(model, SchedulerConfig(kv_sessions=2, prefill_chunk=16, spec="ngram"))
     drafters = []
