@@ -85,6 +85,8 @@ def build(source: str, target: str, cuda_arch: str, quant: str, kv_dtype: str, o
     "prompt (CPU)",
     type=click.Choice(["off", "ngram"]),
 )
+@options.drafter
+@options.drafter_quant
 @knob("--quant", BuildOptions, "quant", "used only when MODEL must be built")
 @options.kv_dtype
 @click.option("--verbose", "-v", is_flag=True, help="timings on stderr")
@@ -96,6 +98,8 @@ def generate(
     chat: bool,
     system: str | None,
     spec: str,
+    drafter: str | None,
+    drafter_quant: str,
     quant: str,
     kv_dtype: str,
     verbose: bool,
@@ -107,11 +111,19 @@ def generate(
     from goinfer.compiler.resolve import resolve
 
     try:
-        bundle = resolve(model, BuildOptions(quant=quant, kv_dtype=KV_DTYPES[kv_dtype]))
+        build = BuildOptions(quant=quant, kv_dtype=KV_DTYPES[kv_dtype])
+        bundle = resolve(model, build)
+        draft_bundle = resolve_drafter(drafter, dataclasses.replace(build, quant=drafter_quant))
         from goinfer.runtime.decode import GenerationRequest
         from goinfer.runtime.model import Model
 
         m = Model.load(bundle, self_test=False if no_selftest else None, device=device)
+        draft = None
+        if draft_bundle is not None:
+            from goinfer.runtime.draft_model import load_drafter
+
+            one = SchedulerConfig(max_concurrent=1, kv_sessions=0)
+            draft = load_drafter(str(draft_bundle), m, m.context_length, one, m.chunk)
         if chat:
             messages = ([{"role": "system", "content": system}] if system else []) + [
                 {"role": "user", "content": prompt}
@@ -121,7 +133,7 @@ def generate(
             ids = m.encode(prompt)
         request = GenerationRequest(ids, dataclasses.replace(GENERATE, **sampling))
         out = sys.stdout
-        for event in m.generate(request, spec=spec):
+        for event in m.generate(request, spec=spec, drafter=draft):
             if event.text:
                 out.write(event.text)
                 out.flush()
@@ -220,6 +232,8 @@ _N0, _N1 = click.IntRange(min=0), click.IntRange(min=1)
     "ngram: speculative decoding from prompt lookup, output identical to plain decoding (CPU)",
     type=click.Choice(["off", "ngram"]),
 )
+@options.drafter
+@options.drafter_quant
 @knob(
     "--prefix-reuse",
     SchedulerConfig,
@@ -263,6 +277,8 @@ def serve(
     models: tuple[str, ...],
     addr: str,
     api_key: str | None,
+    drafter: str | None,
+    drafter_quant: str,
     quant: str,
     kv_dtype: str,
     no_selftest: bool,
@@ -282,7 +298,9 @@ def serve(
 
     try:
         host, port = parse_addr(addr)
-        engine = options.config(SchedulerConfig, knobs)
+        defaults = BuildOptions(quant=quant, kv_dtype=KV_DTYPES[kv_dtype])
+        draft_bundle = resolve_drafter(drafter, dataclasses.replace(defaults, quant=drafter_quant))
+        engine = options.config(SchedulerConfig, knobs, drafter=str(draft_bundle) if draft_bundle else None)
         config = options.config(
             ServeConfig,
             knobs,
@@ -295,9 +313,7 @@ def serve(
         server.check_exposure(config)  # before any model loads: a refusal costs nothing
         server.log_to_stderr()
         context = server.ssl_context(config)
-        load = engine_loader(
-            BuildOptions(quant=quant, kv_dtype=KV_DTYPES[kv_dtype]), not no_selftest, engine, device
-        )
+        load = engine_loader(defaults, not no_selftest, engine, device)
         specs = (*((bundle,) if bundle else ()), *models) or (DEFAULT_MODEL,)
         engines = {name: load(name, ref, None) for name, ref in model_specs(specs)}
     except ValueError as e:  # bad --addr/--model, exposure, TLS files, and the loader's reasons
@@ -306,6 +322,18 @@ def serve(
     for line in server.banner(config, app[CAPS], engines):
         click.echo(line)
     server.run(app, config, context)
+
+
+def resolve_drafter(ref: str | None, defaults: BuildOptions):
+    """--drafter's bundle (built once into the cache from a checkpoint or zoo name), or None."""
+    if ref is None:
+        return None
+    from goinfer.compiler.resolve import resolve
+
+    try:
+        return resolve(ref, defaults)
+    except user_errors() as e:
+        raise ValueError(f"--drafter {ref}: {e}") from None
 
 
 def engine_loader(

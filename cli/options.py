@@ -40,3 +40,20 @@ device = click.option(
     help="where to run a bundle: auto takes its CUDA module when a GPU is usable, else its CPU module",
 )
 no_selftest = click.option("--no-selftest", is_flag=True, help="skip the startup kernel self-test")
+drafter = click.option(
+    "--drafter",
+    default=None,
+    metavar="MODEL",
+    help="a small model with the same tokenizer (a .giw, .gguf or zoo name) drafts tokens the model "
+    "verifies: the same output, faster where the small one guesses well (CPU; with --spec ngram it "
+    "drafts where the n-grams find nothing)",
+)
+# A drafter's guesses only need to be likely, and it reads all its weights per guess: int4 made
+# the 0.5B's step 12.0 ms against 16.7 for its GGUF blocks, and drafting for the 1.5B faster on
+# every workload (bench/spec.py)
+drafter_quant = click.option(
+    "--drafter-quant",
+    default="int4",
+    show_default=True,
+    help="the quant a --drafter checkpoint is built with (a .giw keeps its own)",
+)

@@ -21,4 +21,5 @@ class SchedulerConfig:
     context: int = 0  # caps the model's context window (0: the bundle's)
     session_dir: str | None = None  # warm sessions persisted here and restored at start
     spec: str = "off"  # "off" | "ngram": prompt-lookup speculative decoding (runtime/speculate.py)
+    drafter: str | None = None  # a .giw whose small model drafts for speculation (runtime/draft_model.py)
     prefix_reuse: str = "exact"  # "exact": bit-exact reuse (any token on the CPU) | "longest" (kv_pool.py)

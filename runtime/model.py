@@ -26,7 +26,7 @@ from . import tvm_runtime as rt
 from .config import DEFAULT_PREFILL_CHUNK
 from .decode import Detokenizer, GenerationRequest, StepEvent, generate_events
 from .grammar import GrammarTokenizer
-from .speculate import Lookahead
+from .speculate import Lookahead, NgramDrafter
 
 __all__ = ["Model", "StepEvent"]
 
@@ -51,6 +51,14 @@ def tokenizer_json(bundle: giw.Bundle, m: Manifest) -> str:
         raise giw.BundleError(
             f"bundle {bundle.path}: tokenizer tensor {m.tokenizer_tensor!r} is not UTF-8 ({e})"
         ) from None
+
+
+def _closing(events: Iterator[StepEvent], look: Lookahead) -> Iterator[StepEvent]:
+    """`events`, then the drafter's sequence goes back to its cache (warm for the next prompt)."""
+    try:
+        yield from events
+    finally:
+        look.close()
 
 
 # prefill_logits hands back at most this many bytes of logits a chunk: every position's logits of a
@@ -294,26 +302,37 @@ class Model:
         return self._forward([token_id])[-1]
 
     # -- generation ----------------------------------------------------------------------
-    def generate(self, request: GenerationRequest, spec: str = "off") -> Iterator[StepEvent]:
+    def generate(self, request: GenerationRequest, spec: str = "off", drafter=None) -> Iterator[StepEvent]:
         """Stream tokens on sequence 0; the final event carries finish_reason and timings (see
-        `decode.generate_events`). `spec` "ngram": speculative decoding, the same tokens (on the
-        CPU; runtime/speculate.py)."""
+        `decode.generate_events`). `spec` "ngram" and/or a `drafter` (runtime/draft_model.py's
+        DraftModel): speculative decoding, the same tokens (on the CPU; runtime/speculate.py)."""
         ids = list(request.prompt_ids)
         if not ids:
             raise ValueError("empty prompt")
-        step = self._speculative_step(ids) if spec == "ngram" and self.device == "cpu" else self.decode_step
-        return generate_events(
+        drafters = [NgramDrafter(ids)] if spec == "ngram" else []
+        if drafter is not None:
+            drafters.append(drafter.follow(ids))
+        look = Lookahead(drafters) if drafters and self.device == "cpu" else None
+
+        def prefill() -> tuple[np.ndarray, int]:
+            logits = self.prefill(ids)
+            if look is not None:  # a drafter's own cache takes the prompt too
+                for at in range(self.chunk, len(ids) + self.chunk, self.chunk):
+                    look.catch_up(min(at, len(ids)))
+            return logits, 0
+
+        events = generate_events(
             request,
             Detokenizer(self.tokenizer, ids),
-            lambda: (self.prefill(ids), 0),
-            step,
+            prefill,
+            self._speculative_step(look) if look is not None else self.decode_step,
             self.context_length,
             self.stop_ids,
         )
+        return events if look is None else _closing(events, look)
 
-    def _speculative_step(self, ids: list[int]) -> Callable[[int], np.ndarray]:
-        """`decode_step` with prompt-lookup drafts fed beside each token (the scheduler's rule)."""
-        spec = Lookahead(ids)
+    def _speculative_step(self, spec: Lookahead) -> Callable[[int], np.ndarray]:
+        """`decode_step` with drafts fed beside each token (the scheduler's rule)."""
 
         def step(token: int) -> np.ndarray:
             row = spec.take(token)

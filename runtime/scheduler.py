@@ -43,7 +43,7 @@ from .decode import Detokenizer, GenerationRequest, StepEvent, generate_events
 from .kv_pool import KVPool, Seq
 from .session_files import SessionFiles
 from .session_store import SavedSession
-from .speculate import Lookahead
+from .speculate import Lookahead, NgramDrafter
 
 log = logging.getLogger("goinfer.runtime")
 
@@ -94,7 +94,7 @@ class Session:
     admitted: float = field(default_factory=time.monotonic)
     job: _Job | None = None
     pending: list[int] = field(default_factory=list)  # tokens to (re)feed: the prompt, or a preempted history
-    spec: Lookahead | None = None  # --spec ngram: its drafts (runtime/speculate.py)
+    spec: Lookahead | None = None  # --spec ngram / --drafter: its drafts (runtime/speculate.py)
 
     def prefill(self) -> tuple[np.ndarray, int]:
         job = self.scheduler._submit_prefill(self)
@@ -122,6 +122,15 @@ class Scheduler:
         self.pool = KVPool(kv, page, config.kv_sessions, self.chunk, exact, on_host)
         self.probe: tuple[float, float] | None = None  # (two single steps, one batched step of two), s
         self.batch = config.batch == "on" or (config.batch == "auto" and self._batching_pays())
+        # --drafter: a small model's cache beside the target's. Drafts run on the CPU only, where a
+        # forward's rows are single steps' bit for bit (kv_pool granule 1)
+        self.draft = None
+        if config.drafter and self.pool.granule == 1:
+            from .draft_model import load_drafter
+
+            self.draft = load_drafter(config.drafter, model, self.capacity, config, self.chunk)
+        elif config.drafter:
+            log.info("--drafter: speculation runs on the CPU only; %s decodes without it", model.device)
         self.sessions = (
             SessionFiles(config.session_dir, model.bundle.header_sha256) if config.session_dir else None
         )
@@ -401,8 +410,9 @@ class Scheduler:
             if s in self._prefills:
                 self._prefills.remove(s)
         self._drop_drafts(s)
-        if s.spec is not None:  # one line a generation under --spec
+        if s.spec is not None:  # one line a generation under --spec / --drafter
             log.info(s.spec.log_line())
+            s.spec.close()
         seq, s.seq = s.seq, None
         if seq is not None and seq.id in self.pool.seqs:
             self.pool.release(seq)
@@ -435,13 +445,24 @@ class Scheduler:
         for i in range(0, len(feeds), size):
             self._run_decode(feeds[i : i + size])
 
+    def _speculating(self) -> bool:
+        """--spec ngram or --drafter, where a forward's rows are single steps' bit for bit (a CPU
+        cache: kv_pool granule 1)."""
+        return (self.config.spec == "ngram" or self.draft is not None) and self.pool.granule == 1
+
+    def _lookahead(self, tokens: list[int]) -> Lookahead:
+        drafters = [NgramDrafter(tokens)] if self.config.spec == "ngram" else []
+        if self.draft is not None:  # after the n-grams: the text's own repeats are free to draft
+            drafters.append(self.draft.follow(tokens))
+        return Lookahead(drafters)
+
     def _feed(self, s: Session, token: int, limit: int) -> list[int]:
-        """`token`, and with --spec ngram up to `limit` drafts after it (runtime/speculate.py). Only
-        where a forward's rows are single steps' bit for bit (a CPU cache: kv_pool granule 1)."""
-        if self.config.spec != "ngram" or self.pool.granule != 1:
+        """`token`, and with --spec ngram or --drafter up to `limit` drafts after it
+        (runtime/speculate.py)."""
+        if not self._speculating():
             return [token]
         if s.spec is None:
-            s.spec = Lookahead(s.seq.tokens)
+            s.spec = self._lookahead(s.seq.tokens)
         room = self.model.context_length - len(s.seq.tokens) - 2  # the window: token, and one more
         return s.spec.feed(token, min(limit, room))
 
@@ -507,6 +528,10 @@ class Scheduler:
             return self._end_prefill(s, error=e)
         self.pool.computed(s.seq, chunk)
         s.fed += len(chunk)
+        if self.draft is not None:  # the drafter's cache takes the prompt a chunk beside the target
+            if s.spec is None:
+                s.spec = self._lookahead(s.prompt)
+            s.spec.catch_up(len(s.seq.tokens))
         if s.fed == len(s.pending):
             self._decoding.add(s)
             self._end_prefill(s, result=logits[-1])

@@ -1,6 +1,7 @@
-"""--spec ngram on both Qwen coders: 20 prompts each (edits that copy code back, where drafts are
-taken, and questions, where few are), greedy, every reply token for token plain decoding's; and
-a repeated edit drafts and accepts tokens. Through the scheduler, as the server runs it."""
+"""--spec ngram and --drafter (Qwen2.5-Coder-0.5B, int4, as `serve --drafter` builds it) on both
+Qwen coders: 20 prompts each (edits that copy code back, where drafts are taken, and questions,
+where few are), greedy, every reply token for token plain decoding's; and drafts are made and
+accepted. Through the scheduler, as the server runs it."""
 
 from __future__ import annotations
 
@@ -43,19 +44,23 @@ def prompts(m: Model) -> list[list[int]]:
 @pytest.mark.parametrize("name", ["qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"])
 def test_speculation_replies_are_plain_decodings(real_bundle, name: str, caplog) -> None:
     m = Model.load(real_bundle(name))
-    config = SchedulerConfig(kv_sessions=0, kv_tokens=4096)
-    plain = Scheduler(m, config)
-    spec = Scheduler(m, SchedulerConfig(kv_sessions=0, kv_tokens=4096, spec="ngram"))
+    drafter = str(real_bundle("qwen2.5-coder-0.5b", "int4"))
+    plain = Scheduler(m, SchedulerConfig(kv_sessions=0, kv_tokens=4096))
     try:
-        with caplog.at_level(logging.INFO, logger="goinfer.runtime"):
-            for i, ids in enumerate(prompts(m)):
-                want = [e.token_id for e in plain.generate(GenerationRequest(ids, GREEDY))]
-                got = [e.token_id for e in spec.generate(GenerationRequest(ids, GREEDY))]
-                assert got == want, f"prompt {i}"
-            spec.sync()
-        counts = [r.getMessage() for r in caplog.records if r.getMessage().startswith("speculation:")]
-        accepted = sum(int(line.split(", ")[1].split()[0]) for line in counts)
-        assert len(counts) == len(prompts(m)) and accepted > 0, counts
+        want = [[e.token_id for e in plain.generate(GenerationRequest(ids, GREEDY))] for ids in prompts(m)]
     finally:
         plain.stop()
-        spec.stop()
+    for how in ({"spec": "ngram"}, {"drafter": drafter}):
+        spec = Scheduler(m, SchedulerConfig(kv_sessions=0, kv_tokens=4096, **how))
+        caplog.clear()
+        try:
+            with caplog.at_level(logging.INFO, logger="goinfer.runtime"):
+                for i, ids in enumerate(prompts(m)):
+                    got = [e.token_id for e in spec.generate(GenerationRequest(ids, GREEDY))]
+                    assert got == want[i], f"{how}: prompt {i}"
+                spec.sync()
+        finally:
+            spec.stop()
+        counts = [r.getMessage() for r in caplog.records if r.getMessage().startswith("speculation:")]
+        accepted = sum(int(line.split(", ")[1].split()[0]) for line in counts)
+        assert len(counts) == len(prompts(m)) and accepted > 0, (how, counts)
