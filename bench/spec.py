@@ -10,14 +10,18 @@ Workloads, each one streamed chat request at temperature 0 (`--max-tokens`, 400)
   prose     a short essay: nothing to look up
   chat      the third turn of a chat about the module (earlier turns' replies as the model gave them)
 
-Servers, one after another on the same `--threads` (2): ours plain, ours `--spec ngram`, and
-llama-server plain, `--spec-type ngram-simple` and `--spec-type ngram-mod` (its defaults otherwise).
+Servers, one after another on the same `--threads` (2): ours plain, `--spec ngram`, `--drafter`
+the 0.5B coder (built int4, serve's default for a drafter) and both together; llama-server plain,
+`--spec-type ngram-simple`, `ngram-mod`, and `draft-simple -md` the 0.5B coder's GGUF (at its
+defaults, and with `--spec-draft-p-min 0.5 --spec-draft-n-max 6`, ours' own settings). The 0.5B
+drafts for itself too: there is no smaller model with its tokenizer.
 Per workload: decode tok/s (completion tokens after the first over the time after the first
-delta), ours with speculation over ours plain, over llama-server's best speculative figure, and
-whether its text is ours plain's byte for byte (speculation must not change a token). Ours logs
-drafted and accepted tokens and rounds ("speculation: N tokens drafted, M accepted in R rounds"):
-the acceptance rate, and the mean accepted length M / R. Targets (the 1.5B): edit >= 2.0x our
-plain and >= 1.3x llama-server's best speculative; prose and chat >= 0.95x plain.
+delta); then per speculative configuration of ours, over ours plain, over llama-server's best
+speculative figure, and whether its text is ours plain's byte for byte (speculation must not
+change a token). Ours logs drafted and accepted tokens and rounds ("speculation: N tokens drafted,
+M accepted in R rounds"): the acceptance rate, and the mean accepted length M / R. Targets (the
+1.5B): edit >= 2.0x our plain and >= 1.3x llama-server's best speculative; prose and chat >= 0.95x
+plain.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from bench.serving import Server, Stream, chat, goinfer_server, llama_server, wa
 WORKLOADS = ("edit", "copy", "refactor", "prose", "chat")
 RESULTS = Path(__file__).parent / "results" / "spec.json"
 EDIT_TARGET, PEER_TARGET, PROSE_TARGET = 2.0, 1.3, 0.95
+DRAFTER = "qwen2.5-coder-0.5b"  # the smallest model with the coders' tokenizer
 
 
 def module_source() -> str:
@@ -111,7 +116,7 @@ def our_acceptance(log: str, before: int) -> tuple[int, ...]:
 
 def run_server(server: Server, name: str, max_tokens: int, ours: bool) -> dict[str, dict[str, Any]]:
     warm(server, name)
-    if ours and "--spec" in server.command:
+    if ours and ("--spec" in server.command or "--drafter" in server.command):
         our_acceptance(server.log, 0)  # the warm-up's own line, so each request then finds its own
     out = {}
     for w in WORKLOADS:
@@ -125,24 +130,44 @@ def run_server(server: Server, name: str, max_tokens: int, ours: bool) -> dict[s
     return out
 
 
-CONFIGS = (
+CONFIGS = (  # label, ours, extra arguments ("{draft}": the drafter's GGUF)
     ("ours plain", True, []),
     ("ours ngram", True, ["--spec", "ngram"]),
+    ("ours drafter", True, ["--drafter", DRAFTER]),
+    ("ours ngram+drafter", True, ["--spec", "ngram", "--drafter", DRAFTER]),
     ("llama-server", False, []),
     ("llama ngram-simple", False, ["--spec-type", "ngram-simple"]),
     ("llama ngram-mod", False, ["--spec-type", "ngram-mod"]),
+    ("llama draft-simple", False, ["--spec-type", "draft-simple", "-md", "{draft}"]),
+    (
+        "llama draft p0.5 n6",
+        False,
+        [
+            "--spec-type",
+            "draft-simple",
+            "-md",
+            "{draft}",
+            "--spec-draft-p-min",
+            "0.5",
+            "--spec-draft-n-max",
+            "6",
+        ],
+    ),
 )
+OURS_SPEC = [label for label, ours, extra in CONFIGS if ours and extra]
+PEERS_SPEC = [label for label, ours, extra in CONFIGS if not ours and extra]
 
 
 def bench_model(a: argparse.Namespace, name: str) -> dict[str, Any]:
     from goinfer.compiler.sources import zoo
 
-    gguf = zoo.resolve(name)
+    gguf, draft = zoo.resolve(name), zoo.resolve(DRAFTER)
     bundle = _ensure_bundle(gguf, "gguf")
     results: dict[str, dict[str, dict[str, Any]]] = {}
     for label, ours, extra in CONFIGS:
         if label not in a.servers.split(","):
             continue
+        extra = [str(draft) if x == "{draft}" else x for x in extra]
         if ours:
             with goinfer_server(name, bundle, a.threads, extra) as server:
                 results[label] = run_server(server, name, a.max_tokens, True)
@@ -153,26 +178,35 @@ def bench_model(a: argparse.Namespace, name: str) -> dict[str, Any]:
 
 
 def table(res: dict[str, Any]) -> str:
-    """Per workload: every server's tok/s, ours with speculation against ours plain and against
-    llama-server's best speculative figure, acceptance, mean accepted length, identical text."""
+    """Every server's tok/s per workload; then per workload and speculative configuration of ours,
+    its ratio to ours plain and to llama-server's best speculative figure, acceptance, mean
+    accepted length, and whether its text is ours plain's."""
     r = res["results"]
     ran = [label for label, _, _ in CONFIGS if label in r]
-    head = f"{'workload':>9} " + " ".join(f"{label:>18}" for label in ran)
-    head += f" {'ngram/plain':>11} {'ngram/l.best':>12} {'accepted':>13} {'mean len':>8} {'same text':>9}"
+    head = f"{'workload':>9} " + " ".join(f"{label:>19}" for label in ran)
     lines = [head, "-" * len(head)]
     for w in WORKLOADS:
-        speeds = " ".join(f"{r[label][w]['tok_s']:>18.1f}" for label in ran)
-        ours, plain = r.get("ours ngram", {}).get(w), r.get("ours plain", {}).get(w)
-        if ours is None or plain is None:
-            lines.append(f"{w:>9} {speeds}")
-            continue
-        peers = [r[label][w]["tok_s"] for label in ("llama ngram-simple", "llama ngram-mod") if label in r]
-        vs_plain = ratio(ours["tok_s"], plain["tok_s"])
-        vs_peer = ratio(ours["tok_s"], max(peers)) if peers else float("nan")
-        acc = f"{ours['accepted']}/{ours['drafted']}"
-        mean = ours["accepted"] / ours["rounds"] if ours["rounds"] else 0.0
-        same = "yes" if ours["text"] == plain["text"] else "NO"
-        lines.append(f"{w:>9} {speeds} {vs_plain:>10.2f}x {vs_peer:>11.2f}x {acc:>13} {mean:>8.2f} {same:>9}")
+        lines.append(f"{w:>9} " + " ".join(f"{r[label][w]['tok_s']:>19.1f}" for label in ran))
+    plain = r.get("ours plain")
+    ours = [label for label in OURS_SPEC if label in r]
+    if plain is None or not ours:
+        return "\n".join(lines)
+    head = f"\n{'workload':>9} {'ours':>19} {'tok/s':>7} {'/plain':>7} {'/l.best':>8} {'accepted':>10} "
+    head += f"{'mean len':>8} {'same text':>9}"
+    lines += [head, "-" * len(head)]
+    for w in WORKLOADS:
+        peers = [r[label][w]["tok_s"] for label in PEERS_SPEC if label in r]
+        for label in ours:
+            row = r[label][w]
+            vs_plain = ratio(row["tok_s"], plain[w]["tok_s"])
+            vs_peer = ratio(row["tok_s"], max(peers)) if peers else float("nan")
+            acc = f"{row['accepted']}/{row['drafted']}"
+            mean = row["accepted"] / row["rounds"] if row["rounds"] else 0.0
+            same = "yes" if row["text"] == plain[w]["text"] else "NO"
+            lines.append(
+                f"{w:>9} {label:>19} {row['tok_s']:>7.1f} {vs_plain:>6.2f}x {vs_peer:>7.2f}x {acc:>10} "
+                f"{mean:>8.2f} {same:>9}"
+            )
     return "\n".join(lines)
 
 
@@ -194,8 +228,14 @@ def main(argv: list[str] | None = None) -> int:
         report["models"].append(res)
         print(f"\n{name}:\n{table(res)}")
         r = res["results"]
-        if "ours ngram" in r and "ours plain" in r:
-            same &= all(r["ours ngram"][w]["text"] == r["ours plain"][w]["text"] for w in WORKLOADS)
+        if "ours plain" in r:
+            plain = r["ours plain"]
+            same &= all(
+                r[label][w]["text"] == plain[w]["text"]
+                for label in OURS_SPEC
+                if label in r
+                for w in WORKLOADS
+            )
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
         Path(a.json).write_text(json.dumps(report, indent=1))

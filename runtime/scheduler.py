@@ -528,7 +528,9 @@ class Scheduler:
             return self._end_prefill(s, error=e)
         self.pool.computed(s.seq, chunk)
         s.fed += len(chunk)
-        if self.draft is not None:  # the drafter's cache takes the prompt a chunk beside the target
+        # the drafter's cache takes the prompt a chunk beside the target's; not while others decode
+        # (it drafts only for a generation alone, and catches up then, a chunk a round)
+        if self.draft is not None and not self._decoding:
             if s.spec is None:
                 s.spec = self._lookahead(s.prompt)
             s.spec.catch_up(len(s.seq.tokens))
