@@ -74,6 +74,7 @@ class ModelDrafter:
         self.draft = draft
         self.tokens = list(tokens)  # certain: the prompt, then each token sampling picked
         self.seq: Seq | None = None
+        self.agreed = 0  # leading tokens of the cache known to be certain ones (compared once)
         self.k = FIRST_DRAFT
         self.drafted = self.accepted = self.rounds = 0
         self.failed = False
@@ -143,19 +144,24 @@ class ModelDrafter:
             return None
         if self.seq is None or self.seq.id not in pool.seqs:
             self.seq, _ = pool.acquire(certain)  # the longest prefix a warm sequence holds
-        held = self.seq.tokens
-        keep = common_prefix(certain, np.asarray(held, np.int64))
+            self.agreed = 0
+        held, at = self.seq.tokens, min(self.agreed, len(self.seq.tokens))
+        keep = at + common_prefix(certain[at:], np.asarray(held[at:], np.int64))
         if upto == len(certain):  # the last certain token is fed: its logits start the drafts
             keep = min(keep, upto - 1)
         if keep < len(held):  # drafts sampling did not pick, and that last token
             pool.pop(self.seq, len(held) - keep)
+        self.agreed = keep
         missing = certain[keep:upto]
         if not missing:
             return None
         if len(missing) > most:
-            self._run(missing[:most])
+            if self._run(missing[:most]) is not None:
+                self.agreed += most
             return None
         row = self._run(missing)
+        if row is not None:
+            self.agreed += len(missing)
         return row if upto == len(certain) else None
 
     def _run(self, tokens: list[int]) -> np.ndarray | None:
