@@ -90,10 +90,15 @@ class ModelEngine:
         s, m = self.scheduler, self._model()
         assert s is not None
         mib = s.capacity * m.kv_bytes_per_token / (1 << 20)
-        return (
+        line = (
             f"KV cache {s.capacity} tokens x {m.kv_bytes_per_token // 1024} KiB "
             f"({m.manifest.kv_cache.dtype}) = {mib:.0f} MiB; {s.config.kv_sessions} warm sessions kept"
         )
+        if s.draft is not None:  # --drafter: its own cache, as large
+            d = s.draft.model
+            mib = s.capacity * d.kv_bytes_per_token / (1 << 20)
+            line += f"; drafter {d.bundle.path.name}: KV cache {mib:.0f} MiB"
+        return line
 
     def close(self) -> None:
         # The last reference to the weights, kernels and KV cache goes; the mapping is freed with it.
