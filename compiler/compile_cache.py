@@ -22,7 +22,7 @@ from typing import Any
 from goinfer.artifacts import cache
 from goinfer.artifacts.manifest import ModelSpec
 
-from ..fingerprint import codegen_fingerprint
+from .fingerprint import codegen_fingerprint
 from .tvm import export, schedules, targets
 
 
