@@ -6,7 +6,7 @@
       checksums/ checkpoint sha256s by file identity               (compiler.checksum)
       bundles/   bundles built for a checkpoint and options        (compiler.sources.zoo)
       modules/   compiled modules keyed by graph and target, and the
-                 self-test kernels' libraries                      (compiler.lower.compile_cache)
+                 self-test kernels' libraries                      (compiler.compile_cache)
       libs/      module blobs extracted from bundles for TVM       (runtime)
       verified/  markers of bundles hashed once in full            (artifacts.giw)
       llama.cpp/, dl/  the peer built for benchmarks, and its source (bench.llama_cpp)

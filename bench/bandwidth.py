@@ -17,7 +17,7 @@ CHUNK = 4096  # floats per parallel task
 
 def read_bandwidth_gbs(repeats: int = 5, nbytes: int = BYTES) -> float:
     import tvm
-    from goinfer.compiler.lower.tvm_api import host_target
+    from goinfer.compiler.tvm.targets import host_target
     from tvm.script import tirx as T
 
     n = max(1, nbytes // 4 // CHUNK) * CHUNK

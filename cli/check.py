@@ -55,19 +55,19 @@ def _self_test_fresh() -> list[tuple[str, str]]:
     import tempfile
 
     from goinfer.compiler import selftest as build_side
-    from goinfer.compiler.lower import tvm_api
+    from goinfer.compiler.tvm import targets
     from goinfer.runtime import selftest
 
     fixtures = build_side.fixtures()
     cases = [(name, inputs, want) for name, (_f, inputs, want) in fixtures.items()]
-    targets = dict(tvm_api.cpu_tiers())
+    tiers = dict(targets.cpu_tiers())
     with tempfile.TemporaryDirectory() as tmp:
 
         def check_tier(tier: str) -> list[dict[str, Any]]:
             lib = Path(tmp) / f"{tier}.so"
-            lib.write_bytes(build_side.compile_for(fixtures, targets[tier]))
+            lib.write_bytes(build_side.compile_for(fixtures, tiers[tier]))
             return selftest.check_library(str(lib), tier, cases, build_side.TOLERANCE)
 
         reason = "kernels compiled just now (no bundle given)"
-        result = selftest.step_down(list(targets), check_tier, reason=reason)
-    return selftest.tier_states(list(targets), result)
+        result = selftest.step_down(list(tiers), check_tier, reason=reason)
+    return selftest.tier_states(list(tiers), result)

@@ -17,9 +17,12 @@ from typing import Any
 
 import numpy as np
 from goinfer.artifacts import giw, manifest
+from goinfer.artifacts.manifest import (  # the attention kernels' page (no TVM imported)
+    DEFAULT_KV_DTYPE,
+    PAGE_SIZE,
+)
 
 from . import __version__
-from .kernels.paging import DEFAULT_KV_DTYPE, PAGE_SIZE  # the attention kernels' page (no TVM imported)
 from .sources import load_checkpoint
 from .sources.base import Checkpoint, SourceTensor
 
@@ -93,16 +96,19 @@ def build(
     options: BuildOptions = BuildOptions(),
     progress: Progress = _stderr,
 ) -> BuildResult:
-    from . import gpu_reference, selftest
-    from .lower import compile_cache  # TVM is imported here, not at `import goinfer.compiler`
-    from .models import FAMILIES, layer
-    from .models.decoder import build_model
+    from . import (
+        compile_cache,  # TVM is imported here, not at `import goinfer.compiler`
+        gpu_reference,
+        selftest,
+    )
+    from .models import FAMILIES, family
     from .quant import scheme_for
+    from .tvm import targets as tvm_targets  # a local `targets` is the option's
 
     t0 = time.perf_counter()
     _check_options(options)
     targets = options.targets
-    if "cuda" in targets and compile_cache.tvm_api.cuda_compiler_name() is None:
+    if "cuda" in targets and tvm_targets.cuda_compiler_name() is None:
         need = "nvcc (the CUDA toolkit) or pip install 'goinfer[cuda-build]'"
         raise BuildError(f"--target cuda needs a CUDA compiler: {need}")
     output = Path(output) if output is not None else default_output(source, options)
@@ -126,7 +132,7 @@ def build(
 
     progress(f"[2/6] building the {spec.family} graph ({options.quant}, KV cache {options.kv_dtype})")
     cpu_tiers = compile_cache.tiers_for("llvm", options.num_cores)
-    model = build_model(spec, layer(spec.family), pick, ckpt.tensors, cpu_tiers[0][1], options.kv_dtype)
+    model = family(spec.family).build(spec, pick, ckpt.tensors, cpu_tiers[0][1], options.kv_dtype)
     weighted, schemes = _weighted(model, ckpt, progress)
     # The parameters in the order the entry points take them (the exporter's: each compiled module's
     # own list is checked against it below), with the shapes the packed weights must have.
@@ -266,12 +272,12 @@ def _compile(
     or compiled now. Every library compiles on its own thread: TVM's passes and LLVM release the
     GIL, so the cores share them (the 0.5B's two tiers, 2 cores: 9 + 10 s one after the other,
     6 s side by side), and the model is exported once, beside the self-test's compiles."""
-    from . import selftest
-    from .lower import compile_cache
+    from . import compile_cache, selftest
+    from .tvm import targets
 
     compiled = {}
     for tier, tgt in cpu_tiers:
-        found = compile_cache.lookup(model, spec, schemes, tgt)
+        found = compile_cache.lookup(model.kv_dtype, spec, schemes, tgt)
         state = "compiled before" if found is not None else "compiling"
         progress(f"[3/6] llvm tier {tier} ({tgt['mcpu']}, {tgt['num-cores']} cores): {state}")
         if found is not None:
@@ -284,16 +290,9 @@ def _compile(
         # exports the model (TVMScript, holding the GIL), then the tiers compile on both.
         funcs = selftest.kernels(cases) if st_todo else {}
         st_jobs = {tier: pool.submit(selftest.compile_kernels, funcs, tgt) for tier, tgt in st_todo}
-        if todo:
-            t = time.perf_counter()
-            mod, _params = model.exported(compile_cache.tvm_api.make_target(todo[0][1]))
-            progress(
-                f"      exported {len(mod.functions_items())} functions in {time.perf_counter() - t:.1f}s"
-            )
-        jobs = {
-            tier: pool.submit(compile_cache.compile_model, model, spec, schemes, tgt, progress)
-            for tier, tgt in todo
-        }
+        cpu_graph = _export(model, None, progress) if todo else None  # once, for every tier
+        compile_tier = functools.partial(compile_cache.compile_model, cpu_graph, model.kv_dtype)
+        jobs = {tier: pool.submit(compile_tier, spec, schemes, tgt, progress) for tier, tgt in todo}
         for tier, job in jobs.items():
             compiled[tier] = job.result()
         for tier, tgt in st_todo:
@@ -301,8 +300,20 @@ def _compile(
             selftest.store_library(layouts, tgt, st_libs[tier])
     for kind, (arch, tgt) in gpu_tiers.items():
         progress(f"[3/6] compiling for {kind}{' ' + arch if kind == 'cuda' else ''}")
-        compiled[kind] = compile_cache.compile_model(model, spec, schemes, tgt, progress)
+        found = compile_cache.lookup(model.kv_dtype, spec, schemes, tgt, progress)
+        graph = _export(model, targets.make_target(tgt), progress) if found is None else None
+        compiled[kind] = found or compile_cache.compile_model(
+            graph, model.kv_dtype, spec, schemes, tgt, progress
+        )
     return compiled, st_libs
+
+
+def _export(model, target, progress: Progress):
+    """The model's Relax graph for `target`'s kind (None: the CPU's)."""
+    t = time.perf_counter()
+    graph = model.exported(target)
+    progress(f"      exported {len(graph[0].functions_items())} functions in {time.perf_counter() - t:.1f}s")
+    return graph
 
 
 _NO_CASES = manifest.SelfTest(tolerance=0.0, cases=())
@@ -310,10 +321,10 @@ _NO_CASES = manifest.SelfTest(tolerance=0.0, cases=())
 
 def _layouts(model) -> tuple:
     """The grouped affine layouts the model's weights use: each is a self-test fixture."""
-    from .lower import tvm_api
     from .models.layers import QLinear
+    from .tvm import graph
 
-    found = {getattr(m.scheme, "layout", None) for _p, m in tvm_api.modules_of_type(model, QLinear)}
+    found = {m.scheme.layout for _p, m in graph.modules_of_type(model, QLinear)}
     return tuple(sorted((lay for lay in found if lay is not None), key=lambda lay: lay.tag))
 
 
@@ -337,17 +348,16 @@ def _check_writable(output: Path) -> None:
 
 def _weighted(model, ckpt: Checkpoint, progress: Progress) -> tuple[list[tuple[str, Any]], dict[str, str]]:
     """(prefix, module) of every module with packed weights, and each one's scheme name."""
-    from .lower import tvm_api
     from .models.layers import Weighted
+    from .tvm import graph
 
-    weighted = tvm_api.modules_of_type(model, Weighted)
+    weighted = graph.modules_of_type(model, Weighted)
     schemes: dict[str, str] = {}
     used: set[str] = set()
     for prefix, module in weighted:
-        scheme = getattr(module, "scheme", None)
-        schemes[prefix] = scheme.NAME if scheme is not None else "f32"
+        schemes[prefix] = module.scheme.NAME if module.scheme is not None else "f32"
         used.update(module.sources)
-    kinds = Counter(schemes[prefix] for prefix, module in weighted if hasattr(module, "scheme"))
+    kinds = Counter(schemes[prefix] for prefix, module in weighted if module.scheme is not None)
     progress("      schemes: " + ", ".join(f"{n} x{c}" for n, c in sorted(kinds.items())))
     unused = sorted(set(ckpt.tensors) - used)
     if unused:
@@ -362,15 +372,12 @@ def _pieces(module, ckpt: Checkpoint) -> tuple[list[Piece], Callable[[], None]]:
     """A weight's packing as tasks, in order: slices of rows where its scheme transcodes blocks
     (quant/gguf.py: every parameter has its row blocks on axis 0, so the slices' parameters
     concatenate), else one task for the whole; and what to call once they are all done."""
-    rows_of = getattr(getattr(module, "scheme", None), "rows", None)
-    if rows_of is None:
-        return [functools.partial(module.pack, ckpt.tensors)], lambda: None
-    parts = [ckpt.tensors[n] for n in module.sources]
-    n_rows, cols = sum(p.shape[0] for p in parts), {p.shape[-1] for p in parts}
-    if (n_rows, *cols) != (module.out_features, module.in_features):
-        want = (module.out_features, module.in_features)
-        raise ValueError(f"{module.sources}: rows {n_rows}, columns {cols}, expected {want}")
-    rows = rows_of(parts)
+    whole = [functools.partial(module.pack, ckpt.tensors)], lambda: None
+    if module.scheme is None:  # a norm's or a bias's float32
+        return whole
+    rows = module.scheme.rows(module.parts(ckpt.tensors))
+    if rows is None:
+        return whole
     return [functools.partial(rows.pack, a, b) for a, b in rows.pieces()], rows.release
 
 
@@ -529,6 +536,8 @@ def _manifest(
 ) -> manifest.Manifest:
     import tvm
 
+    from .models import family
+
     return manifest.Manifest(
         goinfer_version=__version__,
         tvm_version=tvm.__version__,
@@ -540,7 +549,7 @@ def _manifest(
         params=tuple(param_order),
         weight_schemes=schemes,
         kv_cache=kv_cache(ckpt.spec, options.kv_dtype),
-        entry_points=manifest.ENTRY_POINTS,
+        entry_points=family(ckpt.spec.family).entry_points,  # as the family's kind declares
         cpu_tiers=tuple(cpu_tiers),
         selftest=selftest,
         source=manifest.Source(ref=_source_ref(ckpt.source), sha256=ckpt.sha256),

@@ -3,10 +3,11 @@
 Keying caches on them means editing a kernel or a family file can never reuse a stale build, and
 editing anything else does not throw a good one away:
 
-- `codegen_fingerprint`, the compile cache's (lower/compile_cache.py): only the source that shapes
-  generated code. CODEGEN: kernels/ (the TIR), lower/ (the pipeline, schedules and targets),
+- `codegen_fingerprint`, the compile cache's (compile_cache.py): only the source that shapes
+  generated code. CODEGEN: kernels/ (the TIR), tvm/ (the pipeline, schedules and targets),
   models/ (the graph), quant/ (each scheme's parameters and the kernel that reads them), and the
-  module defining ModelSpec (its derived values, such as softmax_scale, go into the graph). Not
+  module defining ModelSpec (artifacts/manifest.py: its derived values, such as softmax_scale, go
+  into the graph, and the page size the kernels lay out). Not
   sources/: what a checkpoint reader decides reaches the module only as the spec and the weight
   schemes, both in the key themselves. Not build.py or selftest.py: the one picks schemes and
   targets (in the key too) and writes the bundle, the other's kernel fixtures have their own key.
@@ -35,7 +36,7 @@ from pathlib import Path
 _COMPILER_DIR = Path(__file__).resolve().parent
 _ROOT = _COMPILER_DIR.parent  # compiler/, artifacts/, runtime/ ... (goinfer/ once installed)
 _ARTIFACTS_DIR = _ROOT / "artifacts"
-CODEGEN = ("kernels", "lower", "models", "quant", "spec.py")  # relative to compiler/
+CODEGEN = ("kernels", "tvm", "models", "quant")  # relative to compiler/
 _SUFFIXES = (".py", ".jinja")
 
 
@@ -78,7 +79,7 @@ def code_fingerprint() -> str:
 
 
 def _model_spec_file() -> Path:
-    from .spec import ModelSpec
+    from goinfer.artifacts.manifest import ModelSpec
 
     return Path(inspect.getfile(ModelSpec)).resolve()
 

@@ -26,8 +26,10 @@ def prompt_ids(vocab_size: int) -> np.ndarray:
 
 
 def cpu_logits(library: bytes, params: list[np.ndarray], ids: np.ndarray, kv: manifest.KVCache) -> np.ndarray:
-    """prefill_all on the CPU module: every position's logits, (len(ids), vocab) float32. The prompt
-    goes in chunks the cache was created for, as the runtime feeds it."""
+    """Every position's logits from the CPU module, (len(ids), vocab) float32, a `decode` step a
+    token: on the CPU a token's logits are the same bits whichever entry point computes them
+    (kernels/attention.py), and the CPU cache's prefill attention only runs as the runtime routes
+    it (runtime/tvm_runtime.py), which the compiler does not import."""
     import tvm
     from tvm import relax
     from tvm.runtime import ShapeTuple
@@ -46,12 +48,12 @@ def cpu_logits(library: bytes, params: list[np.ndarray], ids: np.ndarray, kv: ma
     builtin("vm.builtin.kv_state_add_sequence")(cache, 0)
     weights = [tvm.runtime.tensor(p) for p in params]
     rows = []
-    for start in range(0, len(ids), kv.prefill_chunk):
-        chunk = ids[start : start + kv.prefill_chunk]
-        builtin("vm.builtin.kv_state_begin_forward")(cache, ShapeTuple([0]), ShapeTuple([len(chunk)]))
-        rows.append(vm["prefill_all"](tvm.runtime.tensor(chunk), cache, weights).numpy()[0])
+    for token in ids:
+        builtin("vm.builtin.kv_state_begin_forward")(cache, ShapeTuple([0]), ShapeTuple([1]))
+        logits = vm["decode"](tvm.runtime.tensor(np.asarray([token], np.int32)), cache, weights).numpy()
+        rows.append(logits.reshape(-1, logits.shape[-1])[-1])
         builtin("vm.builtin.kv_state_end_forward")(cache)
-    return np.concatenate(rows).astype(np.float32)
+    return np.stack(rows).astype(np.float32)
 
 
 def tensors(library: bytes, params: list[np.ndarray], vocab_size: int, kv: manifest.KVCache):

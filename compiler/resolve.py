@@ -69,7 +69,8 @@ def bundle_key(source_sha256: str, options: BuildOptions) -> str:
     """The hash of a bundle's inputs: equal keys, equal bundle bytes (builds are reproducible).
     The target is resolved for this host (a CPU target's ISA tiers, mcpu and cores), since that is
     what the code is compiled for."""
-    from .lower import compile_cache  # TVM: only once a checkpoint, not a bundle, is named
+    from . import compile_cache  # TVM: only once a checkpoint, not a bundle, is named
+    from .tvm.targets import TVM_VERSION
 
     targets = [compile_cache.tiers_for(k, options.num_cores, options.cuda_arch) for k in options.targets]
     inputs = {
@@ -78,7 +79,7 @@ def bundle_key(source_sha256: str, options: BuildOptions) -> str:
         "target": targets,
         "kv_dtype": options.kv_dtype,
         "compiler": code_fingerprint(),
-        "tvm": compile_cache.tvm_api.TVM_VERSION,
+        "tvm": TVM_VERSION,
     }
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:32]
 

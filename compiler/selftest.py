@@ -31,9 +31,9 @@ from tvm import te, tirx
 
 from .fingerprint import selftest_fingerprint
 from .kernels import affine as affine_tir
-from .lower import tvm_api
 from .quant import affine, f32, int4, int8, int8int8
 from .quant.scheme import Scheme
+from .tvm import export, targets
 
 # 37 rows: not a multiple of the 16-row block (exercises the clamped tails and padded rows); 256
 # columns: 8 int4 groups. 1 token: the decode path; 6 and 40 tokens: the prefill tiles with and
@@ -140,7 +140,7 @@ def compile_kernels(funcs: dict[str, tirx.PrimFunc], target: dict) -> bytes:
     threads), as shared-library bytes."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "selftest.so"
-        tvm_api.compile_kernels(funcs, target, str(path))
+        export.compile_kernels(funcs, target, str(path))
         return path.read_bytes()
 
 
@@ -155,14 +155,14 @@ def cache_key(layouts: tuple[affine_tir.Layout, ...], target: dict, seed: int = 
         "seed": seed,
         "shape": [OUT, IN],
         "target": target,
-        "tvm": tvm_api.TVM_VERSION,
+        "tvm": targets.TVM_VERSION,
         "code": selftest_fingerprint(),
     }
     return "selftest-" + hashlib.sha256(json.dumps(key_src, sort_keys=True).encode()).hexdigest()[:32]
 
 
 def _cached_path(layouts: tuple[affine_tir.Layout, ...], target: dict, seed: int) -> Path:
-    from .lower import compile_cache
+    from . import compile_cache
 
     return compile_cache.cache_dir() / cache_key(layouts, target, seed) / "selftest.so"
 

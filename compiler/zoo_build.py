@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from goinfer.artifacts import zoo_store
+from goinfer.artifacts.manifest import DEFAULT_KV_DTYPE
 
 from .build import BuildOptions, build
-from .kernels.paging import DEFAULT_KV_DTYPE
 from .resolve import bundle_key, source_sha256
 from .sources import zoo
 

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from tvm import te, tirx
 from tvm.script import tirx as T
 
-from ..lower import tvm_api
+from ..tvm import passes
 from . import rowblock
 from .rowblock import FORMS, ROW_BLOCK, RowBlocks, Tile, maddubs, tok, vec, widen_pairs
 
@@ -170,7 +170,7 @@ def _split_scales(layout: Layout, scales):
 @functools.cache
 def kernel(out_features: int, in_features: int, layout: Layout) -> tirx.PrimFunc:
     """y = x @ W^T for `layout`'s weights: the portable kernel, carrying its VNNI and AVX2 forms
-    for the tiers that have them (tvm_api swaps one in when compiling for such a target). Called
+    for the tiers that have them (tvm/passes.py swaps one in when compiling for such a target). Called
     as (x, weight, scale[, min][, super_scale][, super_min], y). The ideas:
 
     1. Rows interleaved in blocks of 16 (see the module doc): the lanes are 16 outputs, so no
@@ -231,7 +231,7 @@ def _gemm(n_rows: int, in_features: int, form: str, *, layout: Layout) -> tirx.P
         """acc + the 4-k dot products of x[t, k0:k0+4] (s8) with the 16 rows' u8 bytes in wv."""
         if step_form == "vnni":
             b = T.Broadcast(T.reinterpret("int32", xq[t, vec(k0, 4)]), lanes)
-            return tvm_api.vpdpbusd_512(acc, wv, b)
+            return passes.vpdpbusd_512(acc, wv, b)
         total = acc
         for i in range(4):
             total = total + _nth_bytes(wv, i, lanes) * T.Broadcast(T.Cast("int32", xq[t, k0 + i]), lanes)
@@ -488,4 +488,4 @@ def _gemm(n_rows: int, in_features: int, form: str, *, layout: Layout) -> tirx.P
     # Parameters the layout has no use for leave the signature: (x, weight[, high], scale, ..., y).
     uses = ((2, L.planes > 0), (4, L.has_min), (5, L.code == "int8"), (6, L.code == "int8" and L.has_min))
     unused = [i for i, used in uses if not used]
-    return tvm_api.without_params(affine_gemm, unused)
+    return passes.without_params(affine_gemm, unused)

@@ -58,11 +58,11 @@ import math
 from collections.abc import Callable
 
 import tvm
+from goinfer.artifacts.manifest import PAGE_SIZE
 from tvm import tirx
 from tvm.script import tirx as T
 
-from ..lower import tvm_api, tvmscript
-from .paging import PAGE_SIZE
+from ..tvm import passes, tvmscript
 from .vector_math import exp2
 
 tvmscript.install()  # faster TVMScript parsing, the same kernels
@@ -661,7 +661,7 @@ def stock_dtype(mod: tvm.IRModule, name: str, param: int) -> str:
     func = next((f for gv, f in mod.functions_items() if gv.name_hint == name), None)
     if func is None:  # a TVM upgrade renamed it: fail the build rather than guess
         raise RuntimeError(f"TVM's paged KV cache no longer defines {name}")
-    return tvm_api.param_dtype(func, param)
+    return passes.param_dtype(func, param)
 
 
 def swap_stock(mod: tvm.IRModule, mine: dict[str, Callable[[], tirx.PrimFunc]]) -> tvm.IRModule:

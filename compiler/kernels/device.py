@@ -1,4 +1,4 @@
-"""Kernels for GPU targets: plain te computes that dlight's GPU rules schedule (lower/schedules.py).
+"""Kernels for GPU targets: plain te computes that dlight's GPU rules schedule (tvm/schedules.py).
 
 The CPU kernels beside this file are hand-scheduled for one core's registers and cache (VNNI
 dot products, parallel loops, software prefetch) and mean nothing to a GPU. Here each is written

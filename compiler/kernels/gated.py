@@ -32,7 +32,7 @@ import math
 from tvm import tirx
 from tvm.script import tirx as T
 
-from ..lower import tvmscript
+from ..tvm import tvmscript
 from .vector_math import exp_neg, splat
 
 tvmscript.install()  # faster TVMScript parsing, the same kernels

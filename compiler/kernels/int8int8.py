@@ -19,7 +19,7 @@ import functools
 from tvm import te, tirx
 from tvm.script import tirx as T
 
-from ..lower import tvm_api
+from ..tvm import passes
 from . import rowblock
 from .rowblock import FORMS, ROW_BLOCK, RowBlocks, Tile, maddubs, tok, vec, widen_pairs
 
@@ -61,7 +61,7 @@ AMAX_CHAINS = 4  # prologue: independent max chains
 @functools.cache
 def kernel(out_features: int, in_features: int) -> tirx.PrimFunc:
     """y = x @ W^T for W8A8: the portable kernel, carrying its VNNI and AVX2 forms for the tiers
-    that have them (tvm_api swaps one in when compiling for such a target). The ideas, 1-6 measured
+    that have them (tvm/passes.py swaps one in when compiling for such a target). The ideas, 1-6 measured
     on a 2-core Xeon (8-10 GB/s from `python -m bench.bandwidth` that day):
 
     1. Rows interleaved in blocks of 16 (see the module doc): one vpdpbusd is 16 rows x 4 k, its
@@ -118,7 +118,7 @@ def _gemm(n_rows: int, in_features: int, form: str) -> tirx.PrimFunc:
         """acc (int32x16) + the 4-k dot products of x[t, 4j:4j+4] with the 16 rows in wv."""
         if form == "vnni":
             a = T.Broadcast(T.reinterpret("int32", xq[t, vec(j * PER_WORD, PER_WORD)]), lanes)
-            return tvm_api.vpdpbusd_512(acc, a, wv)
+            return passes.vpdpbusd_512(acc, a, wv)
         total = acc
         for i in range(PER_WORD):
             # a sign-extended byte times a widened u8: both fit in 16 bits, so LLVM makes the

@@ -18,12 +18,12 @@ it (the model casts qkv before the cache's attention), so each is a copy with no
 from __future__ import annotations
 
 import tvm
+from goinfer.artifacts.manifest import PAGE_SIZE
 from tvm import tirx
 from tvm.script import tirx as T
 
-from ..lower.schedules import SERIAL_MAX
+from ..tvm.schedules import SERIAL_MAX
 from .attention import check_dtype, stock_dtype, swap_stock
-from .paging import PAGE_SIZE
 
 # The stock kernels' names in the module TIRPagedKVCache builds (their global symbols, TVM 0.27).
 APPEND = "tir_kv_cache_transpose_append"

@@ -1,5 +1,5 @@
 """The te matmul shape of the schemes without a hand-written kernel (f32, int8): K split as
-(word, lane), so the QuantMatmul schedule (lower/schedules.py) can keep one accumulator per lane
+(word, lane), so the QuantMatmul schedule (tvm/schedules.py) can keep one accumulator per lane
 (rfactor) and dequantize a whole word at a time."""
 
 from __future__ import annotations

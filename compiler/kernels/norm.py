@@ -24,8 +24,8 @@ import functools
 from tvm import tirx
 from tvm.script import tirx as T
 
-from ..lower import tvmscript
-from ..lower.schedules import SERIAL_MAX  # calls of at most this many elements run serially
+from ..tvm import tvmscript
+from ..tvm.schedules import SERIAL_MAX  # calls of at most this many elements run serially
 
 tvmscript.install()  # faster TVMScript parsing, the same kernels
 

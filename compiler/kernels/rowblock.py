@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from tvm import tirx
 from tvm.script import tirx as T
 
-from ..lower import tvm_api, tvmscript
+from ..tvm import passes, tvmscript
 
 tvmscript.install()  # faster TVMScript parsing, the same kernels
 
@@ -34,10 +34,10 @@ Gemm = Callable[[int, int, str], tirx.PrimFunc]  # (out_features, in_features, f
 
 def with_forms(gemm: Gemm, out_features: int, in_features: int) -> tirx.PrimFunc:
     """`gemm`'s portable form, carrying its VNNI and AVX2 forms for the tiers that have them
-    (tvm_api swaps one in when compiling for such a target)."""
+    (tvm/passes.py swaps one in when compiling for such a target)."""
     portable = gemm(out_features, in_features, "portable")
     forms = [(FEATURES[f], gemm(out_features, in_features, f)) for f in FORMS if f in FEATURES]
-    return tvm_api.with_isa_variants(portable, forms)
+    return passes.with_isa_variants(portable, forms)
 
 
 def vec(start, n: int = ROW_BLOCK):
@@ -76,7 +76,7 @@ def prefetch_ahead(
 ) -> tirx.PrimExpr:
     """Prefetch w[block, word + ahead, 0], w being a kernel's (blocks, words, 16) row-block weights
     read along `words`; `once` (decode, where a call reads each weight once) makes it
-    non-temporal on the CPUs where that pays (`tvm_api.specialize`: AMD Zen, not Intel).
+    non-temporal on the CPUs where that pays (`passes.specialize`: AMD Zen, not Intel).
 
     Non-temporal, decode's weight stream (the whole model, every token) stops pushing out of the
     caches what a decode step keeps using: the code, the VM's and Python's objects, activations
@@ -94,7 +94,7 @@ def prefetch_ahead(
     A/B in one process).
     """
     skip = tirx.if_then_else(word + ahead >= words, task_blocks - 1, 0) if task_blocks > 1 else 0
-    return tvm_api.prefetch_read(tirx.address_of(w[block + skip, word + ahead, 0]), once)
+    return passes.prefetch_read(tirx.address_of(w[block + skip, word + ahead, 0]), once)
 
 
 # -- the prologue: x to int8 at run time ---------------------------------------------------------

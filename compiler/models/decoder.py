@@ -14,14 +14,14 @@ from collections.abc import Mapping
 from typing import Any
 
 import tvm
+from goinfer.artifacts.manifest import ModelSpec
 from tvm import te, tirx
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
 from ..kernels import attention, kv_append
-from ..lower import tvm_api
 from ..sources.base import SourceTensor
-from ..spec import ModelSpec
+from ..tvm import graph, targets
 from .layers import (
     Bias,
     QLinear,
@@ -54,7 +54,7 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(d, spec.norm_eps, f"blk.{layer}.attn_q_norm.weight", off)
             self.k_norm = RMSNorm(d, spec.norm_eps, f"blk.{layer}.attn_k_norm.weight", off)
 
-    def forward(self, x: Tensor, rope_by_theta: RopeTables, kv: tvm_api.PagedKVCache) -> Tensor:
+    def forward(self, x: Tensor, rope_by_theta: RopeTables, kv: graph.PagedKVCache) -> Tensor:
         s = self.spec
         h, hkv, d = s.num_heads, s.num_kv_heads, s.head_dim
         t = x.shape[0]
@@ -66,7 +66,7 @@ class Attention(nn.Module):
             q, k, v = op.split(qkv, [h, h + hkv], axis=1)
             qkv = op.concat([self.q_norm(q), self.k_norm(k), v], dim=1)
         qkv = rope(qkv, rope_by_theta[s.layer_rope_theta(self.layer)], h + hkv)
-        o = tvm_api.attention_with_fused_qkv(kv, self.layer, qkv, h, s.softmax_scale)
+        o = graph.attention_with_fused_qkv(kv, self.layer, qkv, h, s.softmax_scale)
         return self.o(op.reshape(o, (t, h * d)))
 
 
@@ -83,7 +83,7 @@ class CausalLM(nn.Module):
         layer_cls: type[nn.Module],
         pick: SchemePicker,
         tensors: Mapping[str, SourceTensor],
-        target: tvm_api.Target,
+        target: targets.Target,
         kv_dtype: str,
     ):
         super().__init__()
@@ -113,7 +113,7 @@ class CausalLM(nn.Module):
 
     # The residual stream is (tokens, hidden): the layout the matmuls take, so no view is made
     # around each one (a decode layer made 7-8 such views, each a VM instruction and an object).
-    def _body(self, x: Tensor, kv: tvm_api.PagedKVCache) -> Tensor:
+    def _body(self, x: Tensor, kv: graph.PagedKVCache) -> Tensor:
         s = self.spec
         thetas = {s.layer_rope_theta(i) for i in range(s.num_layers)}
         tables = rope_tables(kv.get_query_positions(x.shape[0]), thetas, s.head_dim, _linear_factor(s))
@@ -128,15 +128,15 @@ class CausalLM(nn.Module):
     # Each takes token ids and returns only the logits (the cache is updated in place). A separate
     # embed call and a reshape cost a decode step 20 + 31 us on the cold cache a step leaves
     # behind, and handing the cache back a tuple and a wrapper more (SmolLM2, measured: 3% a token).
-    def prefill_all(self, input_ids: Tensor, kv: tvm_api.PagedKVCache):
+    def prefill_all(self, input_ids: Tensor, kv: graph.PagedKVCache):
         """Logits of every prompt position: (1, seq_len, vocab) (prompt log-probs, tests)."""
         return self._logits(self._body(self._embed(input_ids), kv))
 
-    def decode(self, input_ids: Tensor, kv: tvm_api.PagedKVCache):
+    def decode(self, input_ids: Tensor, kv: graph.PagedKVCache):
         """One new token of one sequence: (1,) -> (1, 1, vocab)."""
         return self._logits(self._body(self._embed(input_ids), kv))
 
-    def batch_prefill(self, input_ids: Tensor, logit_positions: Tensor, kv: tvm_api.PagedKVCache):
+    def batch_prefill(self, input_ids: Tensor, logit_positions: Tensor, kv: graph.PagedKVCache):
         """Several sequences' tokens packed in `begin_forward`'s order: (n,) -> (1, b, vocab), the
         logits at the b packed positions asked for (each sequence's last token)."""
         h = self._body(self._embed(input_ids), kv)
@@ -146,7 +146,7 @@ class CausalLM(nn.Module):
 
         return self._logits(op.tensor_expr_op(rows, "logit_rows", [h, logit_positions]))
 
-    def batch_decode(self, input_ids: Tensor, kv: tvm_api.PagedKVCache):
+    def batch_decode(self, input_ids: Tensor, kv: graph.PagedKVCache):
         """One new token for each of b sequences: (b,) -> (1, b, vocab). Every weight is read once
         for all b rows (the quantized kernels take their m > 1 paths)."""
         return self._logits(self._body(self._embed(input_ids), kv))
@@ -157,8 +157,8 @@ class CausalLM(nn.Module):
         max_total_seq_len: tirx.Var,
         prefill_chunk_size: tirx.Var,
         page_size: tirx.Var,
-    ) -> tvm_api.PagedKVCache:
-        return tvm_api.paged_kv_cache(
+    ) -> graph.PagedKVCache:
+        return graph.paged_kv_cache(
             self.spec,
             self.target,
             max_batch_size,
@@ -169,31 +169,26 @@ class CausalLM(nn.Module):
         )
 
     def exported(
-        self, target: tvm_api.Target | None = None
+        self, target: targets.Target | None = None
     ) -> tuple[tvm.IRModule, list[tuple[str, nn.Parameter]]]:
-        """The Relax module for `target`'s kind (default: the CPU's), exported once however many
-        tiers compile it. On the CPU our attention and KV-copy kernels replace the cache's stock
-        ones; a GPU graph keeps the stock GPU kernels the cache generates for its target."""
-        kind = "llvm" if target is None else target.kind.name
-        cache = self.__dict__.setdefault("_goinfer_exported", {})
-        if kind not in cache:
-            s = self.spec
-            if kind == "llvm":
-                mod, params = tvm_api.export(self, self.export_spec())
-                mod = attention.use_ours(mod, s.num_kv_heads, s.num_heads, s.head_dim, tvm_api.kv_window(s))
-                mod = kv_append.use_ours(mod, s.num_kv_heads, s.num_heads, s.head_dim)
-            else:
-                cpu, self.target = self.target, target  # the cache generates kernels for it
-                try:
-                    with gpu_graph():
-                        mod, params = tvm_api.export(self, self.export_spec())
-                finally:
-                    self.target = cpu
-            cache[kind] = mod, params
-        return cache[kind]
+        """The Relax module for `target`'s kind (default: the CPU's) and its parameters, exported
+        now (the build keeps it for every tier it compiles). On the CPU our attention and KV-copy
+        kernels replace the cache's stock ones; a GPU graph keeps the stock GPU kernels the cache
+        generates for its target."""
+        s = self.spec
+        if target is None or target.kind.name == "llvm":
+            mod, params = graph.export(self, self.export_spec())
+            mod = attention.use_ours(mod, s.num_kv_heads, s.num_heads, s.head_dim, graph.kv_window(s))
+            return kv_append.use_ours(mod, s.num_kv_heads, s.num_heads, s.head_dim), params
+        cpu, self.target = self.target, target  # the cache generates kernels for it
+        try:
+            with gpu_graph():
+                return graph.export(self, self.export_spec())
+        finally:
+            self.target = cpu
 
     def export_spec(self) -> nn.spec.ModuleSpec:
-        kv = nn.spec.Object(object_type=tvm_api.kv_cache_type(self.kv_dtype))
+        kv = nn.spec.Object(object_type=graph.kv_cache_type(self.kv_dtype))
         packed = {"param_mode": "packed", "effect_mode": "none"}
         return nn.spec.ModuleSpec.from_raw(
             {
@@ -230,4 +225,4 @@ def build_model(
 ) -> CausalLM:
     """The causal LM of `layer_cls` blocks, each weight in the scheme `pick` gives it, over a KV
     cache in `kv_dtype`."""
-    return CausalLM(spec, layer_cls, pick, tensors, tvm_api.make_target(target), kv_dtype)
+    return CausalLM(spec, layer_cls, pick, tensors, targets.make_target(target), kv_dtype)

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from goinfer.artifacts.manifest import ModelSpec
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor
 
 from ..sources.base import SourceTensor
-from ..spec import ModelSpec
 from .decoder import Attention
 from .layers import GatedMLP, RMSNorm, RopeTables, SchemePicker
 
@@ -41,3 +41,4 @@ class Gemma3Layer(nn.Module):
 
 
 LAYER = Gemma3Layer
+KIND = "decoder"

@@ -14,6 +14,7 @@ import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
+from goinfer.artifacts.manifest import ModelSpec
 from tvm import te, tirx
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
@@ -21,7 +22,6 @@ from tvm.relax.frontend.nn import Tensor, op
 from ..kernels import device, gated, norm
 from ..quant.scheme import Scheme
 from ..sources.base import SourceTensor
-from ..spec import ModelSpec
 
 # Opaque: keep each quantized matmul one kernel so our schedule rule sees it whole.
 # noalias: without it LLVM must assume the output aliases the weights and spills every
@@ -57,6 +57,7 @@ class Weighted(nn.Module):
     """A module whose parameters are packed from named checkpoint tensors."""
 
     sources: tuple[str, ...]
+    scheme: Scheme | None = None  # how its weight is stored; None: float32, as the checkpoint has it
 
     def pack(self, tensors: Mapping[str, SourceTensor]) -> dict[str, np.ndarray]:
         raise NotImplementedError
@@ -81,16 +82,19 @@ class QLinear(Weighted):
         for name, p in self.params.items():
             setattr(self, name, p)
 
-    def pack(self, tensors: Mapping[str, SourceTensor]) -> dict[str, np.ndarray]:
+    def parts(self, tensors: Mapping[str, SourceTensor]) -> list[SourceTensor]:
+        """Its checkpoint tensors, checked to make its (out, in) weight with their rows concatenated."""
         parts = [tensors[n] for n in self.sources]
         rows, cols = sum(p.shape[0] for p in parts), {p.shape[-1] for p in parts}
         if (rows, *cols) != (self.out_features, self.in_features):
             want = (self.out_features, self.in_features)
             raise ValueError(f"{self.sources}: rows {rows}, columns {cols}, expected {want}")
-        transcode = getattr(self.scheme, "transcode", None)
-        if transcode is not None:  # the checkpoint's own blocks, kept exactly (quant/gguf.py)
-            return transcode(parts)
-        return self.scheme.pack(_concat_rows(tensors, self.sources))
+        return parts
+
+    def pack(self, tensors: Mapping[str, SourceTensor]) -> dict[str, np.ndarray]:
+        parts = self.parts(tensors)
+        packed = self.scheme.transcode(parts)  # the checkpoint's own blocks, kept exactly (gguf)
+        return packed if packed is not None else self.scheme.pack(_concat_rows(tensors, self.sources))
 
     def forward(self, x: Tensor) -> Tensor:
         """x (tokens, in) -> (tokens, out)."""
@@ -150,7 +154,7 @@ class SplitLinear(nn.Module):
         super().__init__()
         self.count = len(linears)
         # Attributes, not an nn.ModuleList: the build finds weights with tvm's attribute finder
-        # (tvm_api.modules_of_type), which yields no list's items themselves.
+        # (graph.modules_of_type), which yields no list's items themselves.
         for i, linear in enumerate(linears):
             setattr(self, str(i), linear)
 

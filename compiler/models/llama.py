@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from goinfer.artifacts.manifest import ModelSpec
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor
 
 from ..sources.base import SourceTensor
-from ..spec import ModelSpec
 from .decoder import Attention
 from .layers import GatedMLP, RMSNorm, RopeTables, SchemePicker
 
@@ -36,3 +36,4 @@ class LlamaLayer(nn.Module):
 
 
 LAYER = LlamaLayer
+KIND = "decoder"

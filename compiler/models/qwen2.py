@@ -8,3 +8,4 @@ from __future__ import annotations
 from .llama import LlamaLayer
 
 LAYER = LlamaLayer
+KIND = "decoder"

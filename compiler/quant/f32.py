@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels import f32 as tir
-from .scheme import ParamSpecs, TeLinear
+from .scheme import ParamSpecs, TeLinear, packs_the_float_image
 
 NAME = "f32"
 
@@ -23,3 +23,5 @@ def matmul(out_features: int, in_features: int) -> TeLinear:
 
 
 take = tir.take
+layout = None
+transcode = rows = packs_the_float_image

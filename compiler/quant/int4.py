@@ -12,7 +12,7 @@ from tvm import tirx
 
 from ..kernels import affine as tir
 from . import affine
-from .scheme import ParamSpecs
+from .scheme import ParamSpecs, packs_the_float_image
 
 NAME = "int4"
 GROUP = 32
@@ -88,3 +88,5 @@ def matmul(out_features: int, in_features: int) -> tirx.PrimFunc:
 
 
 take = tir.take(LAYOUT)
+layout = LAYOUT
+transcode = rows = packs_the_float_image

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels import int8 as tir
-from .scheme import ParamSpecs, TeLinear
+from .scheme import ParamSpecs, TeLinear, packs_the_float_image
 
 NAME = "int8"
 
@@ -27,3 +27,5 @@ def matmul(out_features: int, in_features: int) -> TeLinear:
 
 
 take = tir.take
+layout = None
+transcode = rows = packs_the_float_image

@@ -11,7 +11,7 @@ import numpy as np
 from ..kernels import int8int8 as tir
 from ..kernels.int8int8 import PER_WORD, ROW_BLOCK
 from . import int8
-from .scheme import ParamSpecs
+from .scheme import ParamSpecs, packs_the_float_image
 
 NAME = "int8int8"
 
@@ -66,3 +66,5 @@ def reference(x: np.ndarray, weight: np.ndarray, wsum: np.ndarray, scale: np.nda
 
 matmul = tir.kernel  # (out, in) -> the W8A8 kernel with its ISA forms
 take = tir.take
+layout = None
+transcode = rows = packs_the_float_image

@@ -8,8 +8,8 @@ at. A model never sees how a weight is stored.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 from tvm import te, tirx
@@ -20,6 +20,18 @@ TeLinear = Callable[..., te.Tensor]  # (x, *params) -> y, a te compute the Quant
 
 class Scheme(Protocol):
     NAME: str  # the scheme's name in the manifest
+    # The grouped affine layout its kernel reads (kernels/affine.py's Layout: each one the model
+    # uses is a self-test fixture), or None.
+    layout: Any
+
+    def transcode(self, parts: Sequence[Any]) -> dict[str, np.ndarray] | None:
+        """The parameters from the checkpoint's own blocks (its SourceTensor parts, rows
+        concatenated), kept exactly; None for a scheme that packs the float image instead."""
+        ...
+
+    def rows(self, parts: Sequence[Any]) -> Any:
+        """The same a slice of rows at a time (quant/gguf.py's Rows), or None."""
+        ...
 
     def param_specs(self, out_features: int, in_features: int) -> ParamSpecs:
         """The packed parameters of an (out, in) weight."""
@@ -35,3 +47,9 @@ class Scheme(Protocol):
         ...
 
     take: Callable[..., te.Tensor]  # (ids, *params) -> embedding rows (a tied LM head's), dequantized
+
+
+def packs_the_float_image(parts: Sequence[Any]) -> None:
+    """`transcode` and `rows` of a scheme that quantizes the checkpoint's float image (`pack`):
+    it keeps no block as it was."""
+    return None

@@ -17,10 +17,9 @@ from typing import Any
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, ReaderTensor
 from gguf.quants import dequantize
-from goinfer.artifacts.manifest import Tokens
+from goinfer.artifacts.manifest import FAMILIES, Tokens
 
 from ..checksum import sha256_files  # remembered by file identity (compiler/checksum.py)
-from ..models import FAMILIES
 from .base import Checkpoint, SourceError, SourceTensor
 from .gguf_spec import build_spec
 from .gguf_vocab import read_vocab

@@ -11,8 +11,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from ..models import FAMILIES
-from ..spec import ModelSpec, RopeScaling
+from goinfer.artifacts.manifest import FAMILIES, ModelSpec, RopeScaling
+
 from .base import SourceError
 from .gguf_vocab import Vocab
 

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 from goinfer.artifacts import cache
+from goinfer.artifacts.manifest import DEFAULT_KV_DTYPE
 
-from ..kernels.paging import DEFAULT_KV_DTYPE
 from .base import SourceError
 
 Progress = Callable[[str], None]

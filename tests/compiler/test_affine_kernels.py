@@ -9,12 +9,12 @@ import pytest
 import tvm
 from goinfer.compiler.kernels import affine
 from goinfer.compiler.kernels.affine import Layout
-from goinfer.compiler.lower import tvm_api
 from goinfer.compiler.quant import affine as packing
+from goinfer.compiler.tvm import passes, targets
 
 TOLERANCE = 1e-5  # max |got - want| / max |want|, as the startup self-test holds them to
-HAS_VNNI = tvm_api.host_tier_name() == "avx512-vnni"
-HASWELL = {**tvm_api.host_target(2), "mcpu": "haswell"}
+HAS_VNNI = targets.host_tier_name() == "avx512-vnni"
+HASWELL = {**targets.host_target(2), "mcpu": "haswell"}
 TOKENS = (1, 5, 9)  # decode, a prefill tile with a tail
 
 LAYOUTS = {
@@ -49,9 +49,9 @@ def _check(lib, layout: Layout, n: int, k: int) -> None:
 
 
 def _compile(func: tvm.tirx.PrimFunc, target: dict):
-    tgt = tvm_api.make_target(target)
+    tgt = targets.make_target(target)
     return tvm.compile(
-        tvm_api.specialize(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), tgt), tgt
+        passes.specialize(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), tgt), tgt
     )
 
 
@@ -67,7 +67,7 @@ FORMS = [
 def test_each_form_matches_numpy(name: str, form: str) -> None:
     layout = LAYOUTS[name]
     n, k = 37, 512  # a padded last row block; two K-quant super-blocks
-    target = tvm_api.host_target(2) if form == "vnni" else HASWELL
+    target = targets.host_target(2) if form == "vnni" else HASWELL
     _check(_compile(affine.kernel_variant(n, k, layout, form), target), layout, n, k)
 
 

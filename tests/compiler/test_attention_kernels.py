@@ -30,9 +30,9 @@ GQA_DTYPES = [(*shape, "float32") for shape in GQA] + [(2, 14, 64, "float16"), (
 def compiled():
     import tvm
     from goinfer.compiler.kernels import attention
-    from goinfer.compiler.lower import tvm_api
+    from goinfer.compiler.tvm import targets
 
-    target = tvm_api.make_target(tvm_api.host_target(2))
+    target = targets.make_target(targets.host_target(2))
     cache = {}
 
     def get(name: str, make):

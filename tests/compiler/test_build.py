@@ -32,8 +32,7 @@ def test_a_warm_rebuild_compiles_nothing_and_streams_the_same_weights(
     threads, are what the in-memory pack gives."""
     from goinfer.artifacts import cache, giw
     from goinfer.compiler import build as build_mod
-    from goinfer.compiler import selftest
-    from goinfer.compiler.lower import compile_cache
+    from goinfer.compiler import compile_cache, selftest
     from goinfer.compiler.models import layer
     from goinfer.compiler.models.decoder import build_model
     from goinfer.compiler.quant import gguf, scheme_for
@@ -47,7 +46,7 @@ def test_a_warm_rebuild_compiles_nothing_and_streams_the_same_weights(
     def refuse(*_a, **_k):
         raise AssertionError("a warm build compiled, built a kernel or hashed the checkpoint")
 
-    monkeypatch.setattr(compile_cache.tvm_api, "compile_module", refuse)
+    monkeypatch.setattr(compile_cache.export, "compile_module", refuse)
     monkeypatch.setattr(selftest, "compile_kernels", refuse)
     monkeypatch.setattr(selftest, "kernels", refuse)
     monkeypatch.setattr(cache, "sha256_files", refuse)
@@ -105,23 +104,23 @@ def test_the_kv_dtype_reaches_the_cache_and_every_kernel_it_calls(tiny_gguf, kv_
     """Ours in place of the stock kernels take the dtype the cache was created with; a float32
     cache leaves no half anywhere (the module exported before the option existed)."""
     from goinfer.compiler.kernels import attention, kv_append
-    from goinfer.compiler.lower import tvm_api
     from goinfer.compiler.models import layer
     from goinfer.compiler.models.decoder import build_model
     from goinfer.compiler.quant import scheme_for
     from goinfer.compiler.sources import load_checkpoint
+    from goinfer.compiler.tvm import passes, targets
 
     ckpt = load_checkpoint(tiny_gguf("gemma3"))  # sliding layers: every kernel is called
 
     def pick(parts):
         return scheme_for("f32", parts)
 
-    model = build_model(ckpt.spec, layer("gemma3"), pick, ckpt.tensors, tvm_api.host_target(2), kv_dtype)
+    model = build_model(ckpt.spec, layer("gemma3"), pick, ckpt.tensors, targets.host_target(2), kv_dtype)
     mod, _ = model.exported()
     funcs = {gv.name_hint: f for gv, f in mod.functions_items()}
     kernels = [attention.RAGGED, attention.PREFILL, attention.PREFILL_SLIDING, attention.DECODE]
     for name in [*kernels, attention.DECODE_SLIDING, kv_append.APPEND, kv_append.SPLIT]:
-        assert tvm_api.param_dtype(funcs[name], 0) == kv_dtype, name  # q, pages or the fused qkv
+        assert passes.param_dtype(funcs[name], 0) == kv_dtype, name  # q, pages or the fused qkv
     assert ("float16" in mod.script()) == (kv_dtype == "float16")
 
 
@@ -150,20 +149,20 @@ def test_a_fused_weight_of_mixed_types_is_split_under_its_own_name(tiny_gguf, te
     """Q5_0 q and k beside a Q8_0 v (or gate beside up): a matmul per layout, named after the fused
     weight ("attn.qkv.0", "attn.qkv.1"), so every parameter's name is unique and the same each
     build; a fused weight of one type keeps its one matmul and its name."""
-    from goinfer.compiler.lower import tvm_api
     from goinfer.compiler.models import layer
     from goinfer.compiler.models.decoder import build_model
     from goinfer.compiler.models.layers import Weighted
     from goinfer.compiler.quant import scheme_for
     from goinfer.compiler.sources import load_checkpoint
+    from goinfer.compiler.tvm import graph, targets
 
     ckpt = load_checkpoint(tiny_gguf("qwen2", tensor_type))
 
     def pick(parts):
         return scheme_for("gguf", parts)
 
-    model = build_model(ckpt.spec, layer("qwen2"), pick, ckpt.tensors, tvm_api.host_target(2), "float32")
-    weights = {prefix: m for prefix, m in tvm_api.modules_of_type(model, Weighted)}
+    model = build_model(ckpt.spec, layer("qwen2"), pick, ckpt.tensors, targets.host_target(2), "float32")
+    weights = {prefix: m for prefix, m in graph.modules_of_type(model, Weighted)}
     for i in range(ckpt.spec.num_layers):
         head = f"layers.{i}."
         assert [weights[f"{head}{split}.{j}"].scheme.NAME for j in (0, 1)] == [

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tvm
 from goinfer.compiler.kernels import gated
-from goinfer.compiler.lower import tvm_api
+from goinfer.compiler.tvm import targets
 
 EXTREMES = [100, -100, 1e4, -1e4, 0, -0.0, 88, -88, 1e30, -1e30, 3e38, -3e38, 1e-30, 20, -20, 9]
 
@@ -44,13 +44,13 @@ def _check(got: np.ndarray, x: np.ndarray, inter: int, activation: str) -> float
     return rel.max()
 
 
-HOST = tvm_api.host_target(2)
+HOST = targets.host_target(2)
 HASWELL = {**HOST, "mcpu": "haswell"}  # the AVX2 tier a bundle also carries: 16 lanes as 2 x 8
 
 
 def _compile(inter: int, activation: str, target: dict = HOST):
     func = gated.kernel(inter, activation).with_attr("global_symbol", "main")
-    return tvm.compile(tvm.IRModule({"main": func}), tvm_api.make_target(target))
+    return tvm.compile(tvm.IRModule({"main": func}), targets.make_target(target))
 
 
 def _run(lib, x: np.ndarray, inter: int) -> np.ndarray:

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from gguf import GGUFReader
+from goinfer.artifacts.manifest import ModelSpec, RopeScaling
 from goinfer.compiler.sources.base import Checkpoint, SourceError
 from goinfer.compiler.sources.gguf_file import _unpermute_rows, load_gguf
-from goinfer.compiler.spec import ModelSpec, RopeScaling
 from tiny_gguf import (
     HEAD_DIM,
     HEADS,

@@ -33,30 +33,30 @@ def _gpu_graph_on_cpu_logits(gguf, quant: str, ids: list[int]) -> np.ndarray:
     from goinfer.compiler import gpu_reference
     from goinfer.compiler.build import _pack_weights, kv_cache
     from goinfer.compiler.kernels import attention, kv_append
-    from goinfer.compiler.lower import schedules, tvm_api
     from goinfer.compiler.models import layer
     from goinfer.compiler.models.decoder import build_model
     from goinfer.compiler.models.layers import gpu_graph
     from goinfer.compiler.quant import scheme_for
     from goinfer.compiler.sources import load_checkpoint
+    from goinfer.compiler.tvm import export, graph, schedules, targets
 
     ckpt = load_checkpoint(gguf)
-    host = tvm_api.host_target(2)
+    host = targets.host_target(2)
     model = build_model(
         ckpt.spec, layer(ckpt.spec.family), lambda p: scheme_for(quant, p), ckpt.tensors, host, "float32"
     )
     tensors, _ = _pack_weights(model, ckpt, lambda _m: None)
     with gpu_graph():
-        mod, params = tvm_api.export(model, model.export_spec())
+        mod, params = graph.export(model, model.export_spec())
     s = ckpt.spec
-    mod = attention.use_ours(mod, s.num_kv_heads, s.num_heads, s.head_dim, tvm_api.kv_window(s))
+    mod = attention.use_ours(mod, s.num_kv_heads, s.num_heads, s.head_dim, graph.kv_window(s))
     mod = kv_append.use_ours(mod, s.num_kv_heads, s.num_heads, s.head_dim)
     # Numerics only: every kernel as written, its outer loop in parallel (dlight's CPU rules would
     # vectorize the dequantizing matmuls into very long LLVM codegen, for speed nobody needs here)
-    executable = tvm_api.compile_module(mod, tvm_api.make_target(host), [schedules.ParallelFallback()])
+    executable = export.compile_module(mod, targets.make_target(host), [schedules.ParallelFallback()])
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "gpu_graph.so"
-        tvm_api.export_library(executable, str(path))
+        export.export_library(executable, str(path))
         library = path.read_bytes()
     weights = [tensors[name] for name, _ in params]
     return gpu_reference.cpu_logits(
@@ -122,9 +122,9 @@ def test_decode_gemv_schedules_every_weight_layout(scheme: str) -> None:
     cross-thread sum, and the weights read packed (no dequantized copy written)."""
     import tvm
     from goinfer.compiler.kernels import affine, device
-    from goinfer.compiler.lower import schedules, tvm_api
     from goinfer.compiler.quant import SCHEMES
     from goinfer.compiler.quant import affine as packing
+    from goinfer.compiler.tvm import schedules, targets
     from tvm import te, tirx
 
     if scheme.startswith("gguf:"):
@@ -139,11 +139,11 @@ def test_decode_gemv_schedules_every_weight_layout(scheme: str) -> None:
     x = te.placeholder((i64(1), i64(4864)), "float32", name="x")
     params = [te.placeholder([i64(v) for v in shape], dtype, name=n) for n, (shape, dtype) in specs.items()]
     y = device.linear(take, 896, 4864, scheme != "f32")(x, *params)
-    target = tvm_api.make_target(tvm_api.cuda_target())
+    target = targets.make_target(targets.cuda_target())
     with target:
         sch = schedules.DecodeGEMV().apply(te.create_prim_func([x, *params, y]), target, False)
         assert sch is not None
-        source = tvm_api.cuda_source(tvm.compile(tvm.IRModule({"main": sch.mod["main"]}), target=target))
+        source = targets.cuda_source(tvm.compile(tvm.IRModule({"main": sch.mod["main"]}), target=target))
     kernels = set(re.findall(r"__global__ void __launch_bounds__\((\d+)\) (\w+)", source))
     assert kernels == {("256", "main_kernel")}  # one kernel: 16 rows x 16 k-threads
     assert "red_buf" in source  # the cross-thread sum over the k-threads

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from goinfer.artifacts.manifest import RopeScaling
 from goinfer.compiler.sources.base import Checkpoint, SourceError
 from goinfer.compiler.sources.gguf_file import load_gguf
 from goinfer.compiler.sources.hf_config import family_of
 from goinfer.compiler.sources.hf_dir import load_dir
-from goinfer.compiler.spec import RopeScaling
 from safetensors.numpy import save_file
 from tiny_gguf import tiny_vocab, tiny_weights
 from tiny_hf import DTYPES, hf_name, hf_weights, write_tiny_hf_dir, write_weights

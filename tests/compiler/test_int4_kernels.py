@@ -11,15 +11,15 @@ import pytest
 import tvm
 from goinfer.compiler import kernels
 from goinfer.compiler.kernels.rowblock import prefetch_ahead
-from goinfer.compiler.lower import tvm_api
 from goinfer.compiler.quant import int4
+from goinfer.compiler.tvm import passes, targets
 from tvm.sym.analyzer import Analyzer
 
 TOLERANCE = 1e-5  # max |got - want| / max |want|, as the startup self-test holds them to
 
-HOST_TIER = tvm_api.host_tier_name()
+HOST_TIER = targets.host_tier_name()
 HAS_VNNI = HOST_TIER == "avx512-vnni"
-HASWELL = {**tvm_api.host_target(2), "mcpu": "haswell"}
+HASWELL = {**targets.host_target(2), "mcpu": "haswell"}
 
 # (out, in): K of the real models (576, 640, 896, 1536, 2048, 4864), rows that are and are not a
 # multiple of the 16-row block or of a 2-block task; tiny K the test models use.
@@ -28,10 +28,10 @@ TOKENS = (1, 2, 5, 7, 32, 45)  # decode, short inputs, prefill tiles with and wi
 
 
 def _compile(func: tvm.tirx.PrimFunc, target: dict):
-    mod = tvm_api.specialize(
-        tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), tvm_api.make_target(target)
+    mod = passes.specialize(
+        tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), targets.make_target(target)
     )
-    return tvm.compile(mod, tvm_api.make_target(target))
+    return tvm.compile(mod, targets.make_target(target))
 
 
 def _check(lib, n: int, k: int, ms: tuple[int, ...], seed: int = 0) -> None:
@@ -87,7 +87,7 @@ def test_activation_twin_and_reference_track_the_float_product():
 @pytest.mark.parametrize(("n", "k"), SHAPES)
 def test_vnni_kernel_matches_numpy(n, k):
     _check(
-        _compile(kernels.affine.kernel_variant(n, k, int4.LAYOUT, "vnni"), tvm_api.host_target(2)),
+        _compile(kernels.affine.kernel_variant(n, k, int4.LAYOUT, "vnni"), targets.host_target(2)),
         n,
         k,
         TOKENS,
@@ -142,13 +142,13 @@ def test_dispatched_kernel_picks_each_tiers_form():
     func = int4.matmul(37, 256)
 
     def script_for(mcpu: str) -> str:
-        target = tvm_api.make_target({**tvm_api.host_target(2), "mcpu": mcpu})
-        return tvm_api.pick_isa_variants(tvm.IRModule({"main": func}), target)["main"].script()
+        target = targets.make_target({**targets.host_target(2), "mcpu": mcpu})
+        return passes.pick_isa_variants(tvm.IRModule({"main": func}), target)["main"].script()
 
     assert "vpdpbusd" in script_for("icelake-server")
     assert "pmadd.ub.sw" in script_for("haswell") and "vpdpbusd" not in script_for("haswell")
     assert "pmadd" not in script_for("x86-64") and "vpdpbusd" not in script_for("x86-64")
-    for _tier, target in tvm_api.cpu_tiers(2):  # and each tier's form runs right here
+    for _tier, target in targets.cpu_tiers(2):  # and each tier's form runs right here
         _check(_compile(func, target), 37, 256, (1, 6, 40))
 
 
@@ -161,7 +161,7 @@ def test_take_reads_the_interleaved_layout():
     ids = te.placeholder((3,), "int32", name="ids")
     params = [te.placeholder(s, d, name=nm) for nm, (s, d) in int4.param_specs(n, k).items()]
     func = te.create_prim_func([ids, *params, int4.take(ids, *params)]).with_attr("global_symbol", "main")
-    lib = tvm.compile(tvm.IRModule({"main": func}), tvm_api.make_target(tvm_api.host_target(1)))
+    lib = tvm.compile(tvm.IRModule({"main": func}), targets.make_target(targets.host_target(1)))
     rows = np.array([0, 17, 36], np.int32)
     got = tvm.runtime.tensor(np.zeros((3, k), np.float32))
     lib["main"](tvm.runtime.tensor(rows), *(tvm.runtime.tensor(p[nm]) for nm in ("weight", "scale")), got)

@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 import tvm
 from goinfer.compiler import kernels
-from goinfer.compiler.lower import tvm_api
 from goinfer.compiler.quant import int8int8
+from goinfer.compiler.tvm import passes, targets
 
 TOLERANCE = 1e-5  # max |got - want| / max |want|, as the startup self-test holds them to
 
-HOST_TIER = tvm_api.host_tier_name()
+HOST_TIER = targets.host_tier_name()
 HAS_VNNI = HOST_TIER == "avx512-vnni"
-HASWELL = {**tvm_api.host_target(2), "mcpu": "haswell"}
+HASWELL = {**targets.host_target(2), "mcpu": "haswell"}
 
 # (out, in): K of the real models (576, 640, 896, 1536, 2048, 4864), rows that are and are not a
 # multiple of the 16-row block or of the prefill task's 32 rows; tiny K the test models use.
@@ -27,10 +27,10 @@ TOKENS = (1, 2, 5, 7, 32, 45)  # decode, short inputs, prefill tiles with and wi
 
 
 def _compile(func: tvm.tirx.PrimFunc, target: dict):
-    mod = tvm_api.specialize(
-        tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), tvm_api.make_target(target)
+    mod = passes.specialize(
+        tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), targets.make_target(target)
     )
-    return tvm.compile(mod, tvm_api.make_target(target))
+    return tvm.compile(mod, targets.make_target(target))
 
 
 def _check(lib, n: int, k: int, ms: tuple[int, ...], seed: int = 0) -> None:
@@ -73,7 +73,7 @@ def test_quantize_activations_twin():
 @pytest.mark.skipif(not HAS_VNNI, reason=f"host tier {HOST_TIER} has no AVX-512 VNNI")
 @pytest.mark.parametrize(("n", "k"), [*SHAPES, ODD_K])
 def test_vnni_kernel_matches_numpy(n, k):
-    _check(_compile(kernels.int8int8.kernel_variant(n, k, "vnni"), tvm_api.host_target(2)), n, k, TOKENS)
+    _check(_compile(kernels.int8int8.kernel_variant(n, k, "vnni"), targets.host_target(2)), n, k, TOKENS)
 
 
 @pytest.mark.parametrize(("n", "k"), [*SHAPES, ODD_K])
@@ -103,7 +103,7 @@ def test_portable_kernel_matches_numpy(n, k):
 
 def test_portable_kernel_matches_numpy_on_host():
     _check(
-        _compile(kernels.int8int8.kernel_variant(48, 896, "portable"), tvm_api.host_target(2)),
+        _compile(kernels.int8int8.kernel_variant(48, 896, "portable"), targets.host_target(2)),
         48,
         896,
         (1, 40),
@@ -115,15 +115,15 @@ def test_dispatched_kernel_picks_each_tiers_form():
     func = int8int8.matmul(37, 256)
 
     def script_for(mcpu: str) -> str:
-        target = tvm_api.make_target({**tvm_api.host_target(2), "mcpu": mcpu})
-        mod = tvm_api.pick_isa_variants(tvm.IRModule({"main": func}), target)
-        assert tvm_api.ISA_VARIANTS not in mod["main"].attrs
+        target = targets.make_target({**targets.host_target(2), "mcpu": mcpu})
+        mod = passes.pick_isa_variants(tvm.IRModule({"main": func}), target)
+        assert passes.ISA_VARIANTS not in mod["main"].attrs
         return mod["main"].script()
 
     assert "vpdpbusd" in script_for("icelake-server")
     assert "psign" in script_for("haswell") and "vpdpbusd" not in script_for("haswell")
     assert "psign" not in script_for("x86-64") and "vpdpbusd" not in script_for("x86-64")
-    for _tier, target in tvm_api.cpu_tiers(2):  # and each tier's form runs right here
+    for _tier, target in targets.cpu_tiers(2):  # and each tier's form runs right here
         _check(_compile(func, target), 37, 256, (1, 6, 40))
 
 
@@ -137,7 +137,7 @@ def test_take_reads_the_interleaved_layout():
     params = [te.placeholder(s, d, name=nm) for nm, (s, d) in int8int8.param_specs(n, k).items()]
     out = int8int8.take(ids, *params)
     func = te.create_prim_func([ids, *params, out]).with_attr("global_symbol", "main")
-    lib = tvm.compile(tvm.IRModule({"main": func}), tvm_api.make_target(tvm_api.host_target(1)))
+    lib = tvm.compile(tvm.IRModule({"main": func}), targets.make_target(targets.host_target(1)))
     rows = np.array([0, 17, 36], np.int32)
     got = tvm.runtime.tensor(np.zeros((3, k), np.float32))
     lib["main"](

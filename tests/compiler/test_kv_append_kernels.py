@@ -17,9 +17,9 @@ SPLIT_CASES = [(9, 3, 64, "float32"), (4, 1, 256, "float32"), (6, 2, 40, "float3
 @pytest.fixture(scope="module")
 def build():
     import tvm
-    from goinfer.compiler.lower import tvm_api
+    from goinfer.compiler.tvm import targets
 
-    target = tvm_api.make_target(tvm_api.host_target(2))
+    target = targets.make_target(targets.host_target(2))
 
     def compile_(func):
         mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})

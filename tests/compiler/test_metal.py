@@ -17,7 +17,7 @@ MACHO_64 = bytes.fromhex("cffaedfe")  # MH_MAGIC_64, little-endian
 def test_vector_lanes_are_capped_at_four_for_metal() -> None:
     """Metal's vector types stop at 4 lanes: a float16x8 loop fails its codegen; capped, it emits."""
     import tvm
-    from goinfer.compiler.lower import tvm_api
+    from goinfer.compiler.tvm import passes, targets
     from tvm import s_tir, te, tirx
 
     a = te.placeholder((1024,), "float16", name="a")
@@ -28,12 +28,12 @@ def test_vector_lanes_are_capped_at_four_for_metal() -> None:
     sch.bind(block, "blockIdx.x")
     sch.bind(thread, "threadIdx.x")
     sch.vectorize(lane)
-    target = tvm_api.make_target(tvm_api.metal_target())
+    target = targets.make_target(targets.metal_target())
     with target, pytest.raises(Exception, match="float16x8"):
         tvm.compile(sch.mod, target=target)
     with target:
         source = (
-            tvm.compile(tvm_api.cap_vector_lanes(sch.mod, 4), target=target).mod.imports[0].inspect_source()
+            tvm.compile(passes.cap_vector_lanes(sch.mod, 4), target=target).mod.imports[0].inspect_source()
         )
     assert "half4" in source and "half8" not in source
 

@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 import tvm
 from goinfer.compiler.kernels import norm
-from goinfer.compiler.lower import tvm_api
+from goinfer.compiler.tvm import targets
 
 # float32 sums in another order than numpy's float64: a few ulps
 TOLERANCE = 1e-6
 
 
 def _run(hidden: int, m: int, residual: bool, eps: float = 1e-5, seed: int = 0):
-    target = tvm_api.make_target(tvm_api.host_target(2))
+    target = targets.make_target(targets.host_target(2))
     func = norm.kernel(hidden, eps, residual).with_attr("global_symbol", "main")
     lib = tvm.compile(tvm.IRModule({"main": func}), target)
     rng = np.random.default_rng(seed)
@@ -49,7 +49,7 @@ def test_norm_alone_matches_numpy(hidden, m):
 
 
 def test_eps_keeps_an_all_zero_token_finite():
-    target = tvm_api.make_target(tvm_api.host_target(1))
+    target = targets.make_target(targets.host_target(1))
     lib = tvm.compile(
         tvm.IRModule({"main": norm.kernel(32, 1e-6, False).with_attr("global_symbol", "main")}), target
     )

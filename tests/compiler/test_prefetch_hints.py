@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 import tvm
 from goinfer.compiler.kernels import affine, int8int8
-from goinfer.compiler.lower import tvm_api
 from goinfer.compiler.quant import int4
+from goinfer.compiler.tvm import passes, targets
 from tir_inspect import prefetch_localities
 
 
@@ -43,6 +43,6 @@ def test_decode_prefetches_non_temporal_and_prefill_keeps_its_panels(scheme, for
 def test_target_keeps_non_temporal_prefetch_only_where_it_pays(scheme, mcpu, decode_hint):
     """AMD Zen keeps decode's non-temporal prefetch; on Intel it halved the GEMVs' read rate, so
     compiling for it turns them into ordinary ones. Prefill's stay ordinary everywhere."""
-    target = tvm_api.make_target({**tvm_api.host_target(2), "mcpu": mcpu})
-    func = tvm_api.specialize(tvm.IRModule({"main": scheme.kernel(40, 576)}), target)["main"]
+    target = targets.make_target({**targets.host_target(2), "mcpu": mcpu})
+    func = passes.specialize(tvm.IRModule({"main": scheme.kernel(40, 576)}), target)["main"]
     assert prefetch_localities(func) == ({decode_hint}, {3})

@@ -2,8 +2,8 @@
 empty cache in a fresh process (so nothing compiled or exported is shared), gives the same bytes.
 
 TVM 0.27's VMShapeLower orders its shape computations by a hash of symbolic vars' addresses, so
-without tvm_api.order_shape_funcs each process emitted them in its own order (and merged different
-ones); TVM's tar for Metal's objects carries the build's time and owner (tvm_api._reproducible_tar).
+without passes.order_shape_funcs each process emitted them in its own order (and merged different
+ones); TVM's tar for Metal's objects carries the build's time and owner (export._reproducible_tar).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def test_a_module_lowered_many_times_gets_the_same_shape_func() -> None:
     """One Relax module parsed afresh 8 times (new symbolic vars, at new addresses) and lowered:
     VMShapeLower's 12 stores come out in some other order nearly every time; ours in one."""
     import tvm
-    from goinfer.compiler.lower import tvm_api
+    from goinfer.compiler.tvm import passes
     from tvm import relax, tirx
     from tvm.script import ir as I
     from tvm.script import relax as R
@@ -113,7 +113,7 @@ def test_a_module_lowered_many_times_gets_the_same_shape_func() -> None:
         ballast.append([tirx.Var("b", "int64") for _ in range(37 * i + 1)])  # move the next objects
         lowered = tvm.transform.Sequential(lowering)(parse())
         theirs.add(lowered["shape_func"].script())
-        ours.add(tvm_api.order_shape_funcs()(lowered)["shape_func"].script())
+        ours.add(passes.order_shape_funcs()(lowered)["shape_func"].script())
     assert len(ours) == 1, ours
     # If this fails, a TVM upgrade made VMShapeLower deterministic and order_shape_funcs can go.
     assert len(theirs) > 1
@@ -123,7 +123,7 @@ def test_shape_funcs_are_sorted_merged_and_named_by_first_call() -> None:
     """shape_func2 (called first) and shape_func are one function once sorted: it becomes
     shape_func, the other one shape_func1, whatever order and names VMShapeLower gave them."""
     import tvm_ffi
-    from goinfer.compiler.lower import tvm_api
+    from goinfer.compiler.tvm import passes
     from tvm.script import ir as I
     from tvm.script import relax as R
     from tvm.script import tirx as T
@@ -180,13 +180,13 @@ def test_shape_funcs_are_sorted_merged_and_named_by_first_call() -> None:
             return h
     # fmt: on
 
-    got = tvm_api.order_shape_funcs()(Lowered)
+    got = passes.order_shape_funcs()(Lowered)
     assert tvm_ffi.structural_equal(got, Canonical), got.script()
 
 
 def test_a_shape_func_whose_stores_depend_on_each_other_keeps_its_order() -> None:
     import tvm_ffi
-    from goinfer.compiler.lower import tvm_api
+    from goinfer.compiler.tvm import passes
     from tvm.script import ir as I
     from tvm.script import tirx as T
 
@@ -198,18 +198,18 @@ def test_a_shape_func_whose_stores_depend_on_each_other_keeps_its_order() -> Non
             H[T.int64(2)] = T.int64(2) * H[T.int64(0)]
             H[T.int64(1)] = T.int64(4) * H[T.int64(2)]
 
-    assert tvm_ffi.structural_equal(tvm_api.order_shape_funcs()(Chained), Chained)
+    assert tvm_ffi.structural_equal(passes.order_shape_funcs()(Chained), Chained)
 
 
 def test_metal_objects_tar_holds_no_time_owner_or_directory_order(tmp_path: Path) -> None:
-    from goinfer.compiler.lower import tvm_api
+    from goinfer.compiler.tvm import export
 
     (tmp_path / "lib0.o").write_bytes(b"host code")
     (tmp_path / "devc.o").write_bytes(b"kernels")
     files = [str(tmp_path / "lib0.o"), str(tmp_path / "devc.o")]
-    tvm_api._reproducible_tar(str(tmp_path / "one.tar"), files)
+    export._reproducible_tar(str(tmp_path / "one.tar"), files)
     os.utime(tmp_path / "lib0.o", (time.time() + 1000, time.time() + 1000))
-    tvm_api._reproducible_tar(str(tmp_path / "two.tar"), files[::-1])
+    export._reproducible_tar(str(tmp_path / "two.tar"), files[::-1])
     assert (tmp_path / "one.tar").read_bytes() == (tmp_path / "two.tar").read_bytes()
     with tarfile.open(tmp_path / "one.tar") as tar:
         assert [(m.name, m.mtime, m.uid, m.uname) for m in tar.getmembers()] == [

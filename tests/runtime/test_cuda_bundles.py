@@ -24,7 +24,7 @@ from goinfer.compiler.build import BuildOptions, build
 from goinfer.runtime import cuda
 
 pytestmark = pytest.mark.skipif(
-    __import__("goinfer.compiler.lower.tvm_api", fromlist=["x"]).cuda_compiler_name() is None,
+    __import__("goinfer.compiler.tvm.targets", fromlist=["x"]).cuda_compiler_name() is None,
     reason="no CUDA compiler here (nvcc, or pip install 'goinfer[cuda-build]')",
 )
 OPTIONS = BuildOptions(target="llvm,cuda", quant="int4", num_cores=2, kv_dtype="float32")

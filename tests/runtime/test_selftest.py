@@ -139,12 +139,12 @@ def test_check_without_a_bundle_steps_down_as_a_load_does(monkeypatch):
     """`goinfer check --hardware` on freshly compiled kernels: a failing best tier is "repaired"
     on the next, as runtime/selftest.py decides for a bundle (the compile is stubbed out here)."""
     from goinfer.compiler import selftest as build_side
-    from goinfer.compiler.lower import tvm_api
+    from goinfer.compiler.tvm import targets
 
     fixtures = {"k": (None, [np.zeros(1)], np.zeros(1))}
     monkeypatch.setattr(build_side, "fixtures", lambda: fixtures)
     monkeypatch.setattr(build_side, "compile_for", lambda fx, target: b"")
-    monkeypatch.setattr(tvm_api, "cpu_tiers", lambda: [("best", {}), ("lower", {})])
+    monkeypatch.setattr(targets, "cpu_tiers", lambda: [("best", {}), ("lower", {})])
     wrong = [{"kernel": "k", "tier": "best", "observed": 0.5, "allowed": 1e-5}]
     monkeypatch.setattr(
         selftest, "check_library", lambda lib, tier, cases, tol: wrong if tier == "best" else []

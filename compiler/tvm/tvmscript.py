@@ -17,8 +17,7 @@ that time went to three things the parser redoes on every call, with the same an
 
 Measured on the 0.5B Qwen (2-core EPYC): the CPU graph's export 8.3 -> 3.9 s, the self-test's
 kernels 3.1-4.6 -> 1.4 s; the exported module serializes to the same JSON with and without.
-`install` is idempotent; each kernel module that parses TVMScript calls it at import
-(kernels/__init__.py must stay free of TVM: paging.py is imported without it).
+`install` is idempotent; each kernel module that parses TVMScript calls it at import.
 """
 
 from __future__ import annotations
