@@ -259,6 +259,20 @@ _N0, _N1 = click.IntRange(min=0), click.IntRange(min=1)
     type=_N0,
 )
 @knob(
+    "--decisions-template",
+    ServeConfig,
+    "decisions_template",
+    "how /v1/systemone puts a question to the model: chat-v1 (its chat template) or bare-v1 (plain text)",
+    type=click.Choice(["chat-v1", "bare-v1"]),
+)
+@knob(
+    "--decisions-calibration",
+    ServeConfig,
+    "decisions_calibration",
+    "per-kind temperatures for /v1/systemone, from `goinfer decisions-calibrate`",
+    type=click.Path(dir_okay=False),
+)
+@knob(
     "--temp",
     SamplingDefaults,
     "temperature",
@@ -291,7 +305,7 @@ def serve(
     zoo name."""
     from goinfer.compiler.resolve import model_specs
     from goinfer.compiler.sources.zoo import DEFAULT_MODEL
-    from goinfer.serve import server
+    from goinfer.serve import decisions, server
     from goinfer.serve.app import create_app
     from goinfer.serve.config import parse_addr
     from goinfer.serve.keys import CAPS
@@ -311,6 +325,7 @@ def serve(
             sampling=options.config(SamplingDefaults, knobs),
         )
         server.check_exposure(config)  # before any model loads: a refusal costs nothing
+        decisions.load_calibration(config.decisions_calibration, config.decisions_template)
         server.log_to_stderr()
         context = server.ssl_context(config)
         load = engine_loader(defaults, not no_selftest, engine, device)
@@ -360,6 +375,42 @@ def engine_loader(
             raise ValueError(f"--model {name}={ref}: {e}") from None
 
     return load
+
+
+@main.command("decisions-calibrate")
+@click.argument("model")
+@click.argument("labelled", type=click.Path(dir_okay=False))
+@click.option(
+    "-o", "--output", default="calibration.json", show_default=True, type=click.Path(dir_okay=False)
+)
+@knob("--template", ServeConfig, "decisions_template", None, type=click.Choice(["chat-v1", "bare-v1"]))
+@knob("--quant", BuildOptions, "quant", "used only when MODEL must be built")
+@options.no_selftest
+def decisions_calibrate(
+    model: str, labelled: str, output: str, decisions_template: str, quant: str, no_selftest: bool
+) -> None:
+    """Fit /v1/systemone's per-kind temperatures on LABELLED (JSONL: a request's state and
+    questions a line, with "answers" {question: the right option}) and write them for
+    `serve --decisions-calibration`."""
+    from pathlib import Path
+
+    from goinfer.serve import decisions
+
+    try:
+        lines = Path(labelled).read_text().splitlines()
+        engine = engine_loader(BuildOptions(quant=quant), not no_selftest)("model", model, None)
+        try:
+            fitted = decisions.calibrate(engine, lines, decisions_template)
+        finally:
+            engine.close()
+        Path(output).write_text(json.dumps(fitted, indent=1) + "\n")
+    except OSError as e:
+        fail(f"{e.filename or labelled}: {e.strerror or e}")
+    except ValueError as e:
+        fail(f"{labelled}: {e}")
+    for kind, t in fitted["temperatures"].items():
+        click.echo(f"{kind}: temperature {t} from {fitted['fitted_on'][kind]} answers")
+    click.echo(f"wrote {output}")
 
 
 @main.command()

@@ -199,6 +199,23 @@ class Scheduler:
         finally:
             session.close()
 
+    def score(self, prompt_ids: list[int], cancel: threading.Event | None = None) -> tuple[np.ndarray, int]:
+        """The logits after the prompt's last token, and how many of its tokens the cache already
+        held: a prefill and no decode (label scoring, serve/decisions.py). The sequence stays warm,
+        so prompts that share a prefix (questions about one state) prefill it once."""
+        ids = list(prompt_ids)
+        if not ids:
+            raise ValueError("empty prompt")
+        if len(ids) >= self.model.context_length:
+            raise ValueError(
+                f"prompt has {len(ids)} tokens; the context window is {self.model.context_length}"
+            )
+        session = Session(self, ids, cancel or threading.Event())
+        try:
+            return session.prefill()
+        finally:
+            session.close()
+
     def _submit_prefill(self, s: Session) -> _Job:
         with self._cond:
             s.job, s.pending = _Job(), s.prompt

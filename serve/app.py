@@ -15,11 +15,11 @@ from collections.abc import AsyncIterator, Mapping
 
 from aiohttp import web
 
-from . import admin, messages, responses, routes
+from . import admin, decisions, messages, responses, routes
 from .config import BodyCaps, ServeConfig
 from .engine import Engine
 from .errors import openai_envelope
-from .keys import CAPS, CONFIG, LOADER, REGISTRY, RESPONSES, STARTED, Loader
+from .keys import CALIBRATION, CAPS, CONFIG, LOADER, REGISTRY, RESPONSES, STARTED, Loader
 from .middleware import SAME_ORIGIN_ONLY, cors_headers, guards, text_routes
 from .registry import Registry
 
@@ -43,8 +43,10 @@ def create_app(
     app[LOADER] = loader
     app[STARTED] = int(time.time())
     app[RESPONSES] = responses.ResponseStore(config.responses_store)
+    app[CALIBRATION] = decisions.load_calibration(config.decisions_calibration, config.decisions_template)
     app.add_routes(routes.routes)
     app.add_routes(responses.routes)
+    app.add_routes(decisions.routes)
     app.add_subapp(messages.PREFIX, messages.app())
     if config.allow_admin:
         sub = admin.app()

@@ -72,6 +72,10 @@ class ServeConfig:
     # (`--cors-origin`, repeatable); admin routes answer their own origin only (middleware.py).
     cors_origins: tuple[str, ...] = ()
     sampling: SamplingDefaults = SamplingDefaults()
+    # /v1/systemone (serve/decisions.py): how a question is put to the model, and the per-kind
+    # temperatures `goinfer decisions-calibrate` fitted under that template (None: none)
+    decisions_template: str = "chat-v1"
+    decisions_calibration: str | None = None
 
     @property
     def tls(self) -> bool:

@@ -29,6 +29,7 @@ class ModelInfo:
     vision: bool = False  # no model here accepts image parts yet
     chat_template: str = ""  # the checkpoint's own (it decides the tool-call format)
     selftest: dict[str, Any] | None = None  # the load's self-test (CPU tier or GPU), for /health
+    decisions: bool = False  # answers /v1/systemone (label scoring: `score` and `label_ids`)
 
 
 class Engine(Protocol):
@@ -54,6 +55,15 @@ class Engine(Protocol):
         """Token events as runtime.model.Model.generate yields them (the final one has finish_reason
         and timings, cached_tokens among them); `cancel` set stops the run at its next step
         (runtime.scheduler.Cancelled)."""
+        ...
+
+    def score(self, prompt_ids: list[int], cancel: threading.Event | None = None) -> tuple[Any, int]:
+        """(logits after the prompt's last token as a (vocab,) array, tokens reused): a prefill, no
+        decode; the prompt stays warm for the next that shares its prefix. Where info.decisions."""
+        ...
+
+    def label_ids(self, labels: list[str]) -> list[int]:
+        """Each label's first token id as the model would write it, BOS never added."""
         ...
 
     def stats(self) -> dict[str, int]:

@@ -26,3 +26,5 @@ REGISTRY = web.AppKey("registry", Registry)
 LOADER: web.AppKey[Loader | None] = web.AppKey("loader")
 STARTED = web.AppKey("started", int)  # unix time the app was made: /v1/models' `created`
 RESPONSES: web.AppKey[ResponseStore] = web.AppKey("responses")  # stored /v1/responses
+# --decisions-calibration's temperatures by question kind ({}: none), read once at start
+CALIBRATION: web.AppKey[dict[str, float]] = web.AppKey("calibration")

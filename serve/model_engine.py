@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from goinfer.runtime.decode import GenerationRequest, StepEvent
 from goinfer.runtime.grammar import GrammarTokenizer
 from goinfer.runtime.model import Model
@@ -44,6 +45,7 @@ class ModelEngine:
             vocab_size=m.model.vocab_size,
             chat_template=model.chat_template,
             selftest=model.self_test.to_json() if model.self_test else None,
+            decisions=True,
         )
         # llguidance's tokenizer view takes ~1.7 s for a 152k vocabulary: built now, off the request path.
         self.grammar: GrammarTokenizer | None = model.grammar.start()
@@ -81,6 +83,16 @@ class ModelEngine:
         if self.scheduler is None:
             raise RuntimeError("model was unloaded")
         return self.scheduler.generate(request, cancel)
+
+    def score(self, prompt_ids: list[int], cancel: threading.Event | None = None) -> tuple[np.ndarray, int]:
+        if self.scheduler is None:
+            raise RuntimeError("model was unloaded")
+        return self.scheduler.score(prompt_ids, cancel)
+
+    def label_ids(self, labels: list[str]) -> list[int]:
+        """Each label's first token as the model would write it (no BOS)."""
+        m = self._model()
+        return [m.encode(label, add_bos=False)[0] for label in labels]
 
     def stats(self) -> dict[str, int]:
         return self.scheduler.stats() if self.scheduler is not None else {}

@@ -241,6 +241,7 @@ def model_entry(slot: ModelSlot, created: int) -> dict[str, Any]:
         "prefill_path": info.prefill_path,
         "quant": info.quant,
         "vision": info.vision,
+        "decisions": info.decisions,  # POST /v1/systemone (serve/decisions.py)
     }
 
 

@@ -8,6 +8,7 @@ tokens through the real runtime sampler over fixed pseudo-random logits, to chec
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import threading
 import time
@@ -249,3 +250,35 @@ class GrammarEngine(_Base):
             request.capture,
         ):
             yield ev if ev.token_id is not None else StepEvent(None, detok.flush(), None, ev.finish_reason)
+
+
+class ScoringEngine(ScriptedEngine):
+    """Answers /v1/systemone: `score` gives logits that favour the letter `favour` names for each
+    prompt (by a substring of the prompt), so a test knows the answer; `label_ids` are the letters'
+    own character codes, as `text_ids` spells them."""
+
+    def __init__(self, favour: dict[str, str] | None = None, margin: float = 2.0):
+        super().__init__()
+        self.info = dataclasses.replace(self.info, decisions=True, context_window=4096)
+        self.favour, self.margin = favour or {}, margin
+        self.scored: list[list[int]] = []
+
+    def score(self, prompt_ids: list[int], cancel: threading.Event | None = None) -> tuple[np.ndarray, int]:
+        self.scored.append(list(prompt_ids))
+        text = "".join(chr(i) for i in prompt_ids)
+        logits = np.zeros(self.info.vocab_size, np.float32)
+        for needle, letter in self.favour.items():
+            if needle in text:
+                logits[ord(letter) % self.info.vocab_size] += self.margin
+        shared = 0 if len(self.scored) < 2 else _common(self.scored[-2], prompt_ids)
+        return logits, shared
+
+    def label_ids(self, labels: list[str]) -> list[int]:
+        return [ord(label.strip()[0]) % self.info.vocab_size for label in labels]
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
