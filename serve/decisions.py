@@ -307,14 +307,14 @@ async def systemone(request: web.Request) -> web.Response:
     raw = await read_body(request, body_cap_for(request))
     # duplicate names are a rule, not a syntax error (JSON keeps the last silently); a body that is
     # not JSON is left to parse(), which says so in the usual words
-    with contextlib.suppress(ValueError):
+    with contextlib.suppress(ValueError, RecursionError):
         json.loads(raw, object_pairs_hook=_no_duplicates)
     req: DecisionsRequest = parse(DecisionsRequest, raw)
+    asked = questions_of(req)
     slot = request.config_dict[REGISTRY].route(req.model)
     engine = slot.engine
     if not engine.info.decisions:
         raise bad_request(f"model {slot.name!r} does not answer decisions", param="model")
-    asked = questions_of(req)
     config = request.config_dict[CONFIG]
     template, temps = config.decisions_template, request.config_dict[CALIBRATION]
     loop = asyncio.get_running_loop()
