@@ -257,9 +257,9 @@ class ScoringEngine(ScriptedEngine):
     prompt (by a substring of the prompt), so a test knows the answer; `label_ids` are the letters'
     own character codes, as `text_ids` spells them."""
 
-    def __init__(self, favour: dict[str, str] | None = None, margin: float = 2.0):
+    def __init__(self, favour: dict[str, str] | None = None, margin: float = 2.0, context_window: int = 4096):
         super().__init__()
-        self.info = dataclasses.replace(self.info, decisions=True, context_window=4096)
+        self.info = dataclasses.replace(self.info, decisions=True, context_window=context_window)
         self.favour, self.margin = favour or {}, margin
         self.scored: list[list[int]] = []
 

@@ -11,7 +11,7 @@ from typing import Any
 import hostile
 import pytest
 import sdk_models
-from fake_engine import ScriptedEngine
+from fake_engine import ScoringEngine, ScriptedEngine
 from goinfer.serve import server
 from goinfer.serve.app import create_app
 from goinfer.serve.config import SMALL_CAP, BodyCaps, ServeConfig
@@ -194,13 +194,13 @@ async def test_the_key_is_compared_as_bytes(aiohttp_client, caplog, key, header,
 
 # -- the body caps, as the banner states them --------------------------------------------------------------
 async def test_the_banner_names_every_text_route_and_each_takes_a_body_over_the_small_cap(aiohttp_client):
-    engine = ScriptedEngine(context_window=400_000)  # one token per character: a 100 KiB prompt fits
+    engine = ScoringEngine(context_window=400_000)  # one token per character: a 100 KiB prompt fits
     app = create_app({"fake": engine}, ServeConfig(**FAST, allow_admin=True))
     caps = app[CAPS]
     routes = text_routes(app)
     assert caps.text_routes == routes
     assert set(routes) == {"/v1/chat/completions", "/v1/completions", "/v1/messages",
-                           "/v1/messages/count_tokens", "/v1/responses"}  # fmt: skip
+                           "/v1/messages/count_tokens", "/v1/responses", "/v1/systemone"}  # fmt: skip
     line = next(x for x in server.banner(ServeConfig(), caps, {"fake": engine}) if "body caps" in x)
     for path in routes:
         assert path in line, line
@@ -217,6 +217,7 @@ async def test_the_banner_names_every_text_route_and_each_takes_a_body_over_the_
         "/v1/messages": {"model": "fake", "max_tokens": 3, "messages": [{"role": "user", "content": big}]},
         "/v1/messages/count_tokens": {"model": "fake", "messages": [{"role": "user", "content": big}]},
         "/v1/responses": {"model": "fake", "max_output_tokens": 3, "input": big},
+        "/v1/systemone": {"model": "fake", "state": big, "questions": {"q": {"type": "noul"}}},
     }
     assert set(bodies) == set(routes)
     for path, body in bodies.items():
