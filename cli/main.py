@@ -17,7 +17,7 @@ import click
 from goinfer.compiler.build import BuildOptions
 from goinfer.runtime.config import SchedulerConfig
 from goinfer.runtime.sampler import SamplingParams
-from goinfer.serve.config import SamplingDefaults, ServeConfig
+from goinfer.serve.config import DECISIONS_TEMPLATES, SamplingDefaults, ServeConfig
 
 from . import options
 from .check import check
@@ -263,7 +263,7 @@ _N0, _N1 = click.IntRange(min=0), click.IntRange(min=1)
     ServeConfig,
     "decisions_template",
     "how /v1/systemone puts a question to the model: chat-v1 (its chat template) or bare-v1 (plain text)",
-    type=click.Choice(["chat-v1", "bare-v1"]),
+    type=click.Choice(DECISIONS_TEMPLATES),
 )
 @knob(
     "--decisions-calibration",
@@ -383,7 +383,7 @@ def engine_loader(
 @click.option(
     "-o", "--output", default="calibration.json", show_default=True, type=click.Path(dir_okay=False)
 )
-@knob("--template", ServeConfig, "decisions_template", None, type=click.Choice(["chat-v1", "bare-v1"]))
+@knob("--template", ServeConfig, "decisions_template", None, type=click.Choice(DECISIONS_TEMPLATES))
 @knob("--quant", BuildOptions, "quant", "used only when MODEL must be built")
 @options.no_selftest
 def decisions_calibrate(

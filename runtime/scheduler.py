@@ -181,11 +181,7 @@ class Scheduler:
         """As `Model.generate`, on a sequence of the shared cache; `cancel` set stops it at the
         next step (mid-prompt: between chunks) and frees its sequence."""
         m = self.model
-        ids = list(request.prompt_ids)
-        if not ids:
-            raise ValueError("empty prompt")
-        if len(ids) >= m.context_length:
-            raise ValueError(f"prompt has {len(ids)} tokens; the context window is {m.context_length}")
+        ids = self._checked(request.prompt_ids)
         session = Session(self, ids, cancel or threading.Event())
         try:
             yield from generate_events(
@@ -203,6 +199,14 @@ class Scheduler:
         """The logits after the prompt's last token, and how many of its tokens the cache already
         held: a prefill and no decode (label scoring, serve/decisions.py). The sequence stays warm,
         so prompts that share a prefix (questions about one state) prefill it once."""
+        session = Session(self, self._checked(prompt_ids), cancel or threading.Event())
+        try:
+            return session.prefill()
+        finally:
+            session.close()
+
+    def _checked(self, prompt_ids) -> list[int]:
+        """The prompt as a list, refused (ValueError) when empty or not within the window."""
         ids = list(prompt_ids)
         if not ids:
             raise ValueError("empty prompt")
@@ -210,11 +214,7 @@ class Scheduler:
             raise ValueError(
                 f"prompt has {len(ids)} tokens; the context window is {self.model.context_length}"
             )
-        session = Session(self, ids, cancel or threading.Event())
-        try:
-            return session.prefill()
-        finally:
-            session.close()
+        return ids
 
     def _submit_prefill(self, s: Session) -> _Job:
         with self._cond:

@@ -51,6 +51,11 @@ class SamplingDefaults:
     min_p: float = 0.0
 
 
+# How /v1/systemone puts a question to the model (serve/decisions.py): the model's chat template,
+# or plain text ending in "Answer:"
+DECISIONS_TEMPLATES = ("chat-v1", "bare-v1")
+
+
 @dataclass(frozen=True)
 class ServeConfig:
     host: str = "127.0.0.1"
@@ -74,7 +79,7 @@ class ServeConfig:
     sampling: SamplingDefaults = SamplingDefaults()
     # /v1/systemone (serve/decisions.py): how a question is put to the model, and the per-kind
     # temperatures `goinfer decisions-calibrate` fitted under that template (None: none)
-    decisions_template: str = "chat-v1"
+    decisions_template: str = "chat-v1"  # one of DECISIONS_TEMPLATES
     decisions_calibration: str | None = None
 
     @property

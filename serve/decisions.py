@@ -43,7 +43,6 @@ from .errors import APIError, bad_request
 from .keys import CALIBRATION, CONFIG, REGISTRY
 from .middleware import Body, body_cap_for, parse, read_body, text_body
 
-TEMPLATES = ("chat-v1", "bare-v1")
 KINDS = ("noul", "choice", "score")
 LETTERS = "ABCDEFGHIJKLMNOP"
 MAX_OPTIONS = {"choice": 16, "score": 10, "noul": 2}
