@@ -282,3 +282,22 @@ def _common(a: list[int], b: list[int]) -> int:
     while n < min(len(a), len(b)) and a[n] == b[n]:
         n += 1
     return n
+
+
+# The seed's /v1/systemone example request (its model named by each test)
+DECISIONS_EXAMPLE = {
+    "model": "local",
+    "state": "Help! My payouts have been failing for 3 days.",
+    "questions": {
+        "department": {
+            "type": "choice",
+            "instructions": "Which team should handle this?",
+            "criteria": {
+                "billing": "Payments, invoicing, refunds",
+                "technical": "Bugs, outages",
+                "sales": None,
+            },
+        },
+        "is_urgent": {"type": "noul", "instructions": "Is this urgent?"},
+    },
+}

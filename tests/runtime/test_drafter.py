@@ -20,6 +20,7 @@ from goinfer.runtime.draft_model import DraftModel, ModelDrafter
 from goinfer.runtime.model import Model
 from goinfer.runtime.sampler import SamplingParams
 from goinfer.runtime.scheduler import Scheduler, SchedulerConfig
+from test_speculate import _tokens  # a generation's token ids through a scheduler
 
 
 @pytest.fixture(scope="module")
@@ -53,10 +54,6 @@ def rounds(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
 
 def _prompt(vocab: int, seed: int, n: int = 40) -> list[int]:
     return [int(t) for t in np.random.default_rng(seed).integers(1, vocab, n)]
-
-
-def _tokens(sched: Scheduler, prompt: list[int], params: SamplingParams) -> list[int]:
-    return [e.token_id for e in sched.generate(GenerationRequest(prompt, params)) if e.token_id is not None]
 
 
 PARAMS = [

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fake_engine import ScoringEngine, ScriptedEngine
+from fake_engine import DECISIONS_EXAMPLE, ScoringEngine, ScriptedEngine
 from goinfer.serve import decisions
 from goinfer.serve.app import create_app
 from goinfer.serve.config import ServeConfig
@@ -19,22 +19,7 @@ from goinfer.serve.config import ServeConfig
 pytestmark = pytest.mark.asyncio
 
 FAST = {"keepalive_s": 0.05, "poll_s": 0.01}
-SEED_EXAMPLE = {
-    "model": "local",
-    "state": "Help! My payouts have been failing for 3 days.",
-    "questions": {
-        "department": {
-            "type": "choice",
-            "instructions": "Which team should handle this?",
-            "criteria": {
-                "billing": "Payments, invoicing, refunds",
-                "technical": "Bugs, outages",
-                "sales": None,
-            },
-        },
-        "is_urgent": {"type": "noul", "instructions": "Is this urgent?"},
-    },
-}
+SEED_EXAMPLE = DECISIONS_EXAMPLE
 
 
 async def client(aiohttp_client, engine=None, **config: Any):

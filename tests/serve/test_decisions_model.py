@@ -11,25 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from fake_engine import DECISIONS_EXAMPLE
 from goinfer.cli.main import main
 from goinfer.serve import decisions
 
-SEED_EXAMPLE = {
-    "model": "m",
-    "state": "Help! My payouts have been failing for 3 days.",
-    "questions": {
-        "department": {
-            "type": "choice",
-            "instructions": "Which team should handle this?",
-            "criteria": {
-                "billing": "Payments, invoicing, refunds",
-                "technical": "Bugs, outages",
-                "sales": None,
-            },
-        },
-        "is_urgent": {"type": "noul", "instructions": "Is this urgent?"},
-    },
-}
+SEED_EXAMPLE = {**DECISIONS_EXAMPLE, "model": "m"}
 
 
 def _post_all(engine, bodies: list[dict]) -> list[dict]:
