@@ -81,3 +81,13 @@ def test_no_import_cycle(package: str) -> None:
     for m in sorted(graph):
         if m not in state:
             visit(m)
+
+
+def test_pyproject_lists_every_package() -> None:
+    """setuptools installs only the packages pyproject names: a renamed or new folder left out
+    breaks `pip install -e` on a clean clone (it did: compiler/lower -> compiler/tvm)."""
+    import tomllib
+
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    on_disk = {_module(p) for top in PACKAGES for p in (ROOT / top).rglob("__init__.py")}
+    assert set(tool["packages"]) == on_disk
