@@ -1,6 +1,7 @@
-"""The aiohttp application: `create_app(engines, config)`.
+"""The aiohttp application: `create_app(engines, config, encoders=...)`.
 
-Engines are given already loaded, keyed by the name requests route on; tests pass fake ones.
+Engines (decoders) and encoders are given already loaded, keyed by the name requests route on;
+tests pass fake ones. Either may be empty: a server may only generate, or only embed.
 The root app serves the OpenAI routes; the Anthropic routes and the admin routes are sub-apps,
 each with its own error middleware (the envelope its clients expect).
 """
@@ -15,30 +16,35 @@ from collections.abc import AsyncIterator, Mapping
 
 from aiohttp import web
 
-from . import admin, decisions, messages, responses, routes
+from . import admin, decisions, embeddings, messages, responses, routes
 from .config import BodyCaps, ServeConfig
-from .engine import Engine
+from .engine import Embedder, Engine
 from .errors import openai_envelope
 from .keys import CALIBRATION, CAPS, CONFIG, LOADER, REGISTRY, RESPONSES, STARTED, Loader
-from .middleware import SAME_ORIGIN_ONLY, cors_headers, guards, text_routes
+from .middleware import SAME_ORIGIN_ONLY, cors_headers, embedding_routes, guards, text_routes
 from .registry import Registry
 
 log = logging.getLogger("goinfer.serve")
 
 
 def create_app(
-    engines: Mapping[str, Engine], config: ServeConfig | None = None, loader: Loader | None = None
+    engines: Mapping[str, Engine],
+    config: ServeConfig | None = None,
+    loader: Loader | None = None,
+    encoders: Mapping[str, Embedder] | None = None,
 ) -> web.Application:
     config = config or ServeConfig()
     caps = BodyCaps.resolve(config.max_body_bytes, [e.info.context_window for e in engines.values()])
     # aiohttp's own cap sits above ours, so ours (with its clearer message) is the one that fires.
     app = web.Application(
         middlewares=guards(openai_envelope),
-        client_max_size=max(caps.text, caps.small) + 1,
+        client_max_size=caps.largest + 1,
     )
     registry = Registry(config.max_queue, config.max_concurrent)
     for name, engine in engines.items():
         registry.add(name, engine)
+    for name, encoder in (encoders or {}).items():
+        registry.add_encoder(name, encoder, config.embeddings)
     app[CONFIG], app[REGISTRY] = config, registry
     app[LOADER] = loader
     app[STARTED] = int(time.time())
@@ -47,12 +53,14 @@ def create_app(
     app.add_routes(routes.routes)
     app.add_routes(responses.routes)
     app.add_routes(decisions.routes)
+    app.add_routes(embeddings.routes)
     app.add_subapp(messages.PREFIX, messages.app())
     if config.allow_admin:
         sub = admin.app()
         sub[SAME_ORIGIN_ONLY] = True  # no --cors-origin opens loading and unloading to a web page
         app.add_subapp(admin.PREFIX, sub)
-    app[CAPS] = dataclasses.replace(caps, text_routes=text_routes(app))  # the banner names them
+    capped = {"text_routes": text_routes(app), "embedding_routes": embedding_routes(app)}
+    app[CAPS] = dataclasses.replace(caps, **capped)  # the banner names them
     app.on_response_prepare.append(cors_headers)  # every app's responses pass the root's signal
     app.cleanup_ctx.append(_close_models)
     return app
@@ -62,3 +70,5 @@ async def _close_models(app: web.Application) -> AsyncIterator[None]:
     yield
     for slot in app[REGISTRY].slots.values():
         await asyncio.to_thread(slot.close)  # stopping a scheduler may write its sessions to disk
+    for encoder in app[REGISTRY].encoders.values():
+        encoder.close()

@@ -11,32 +11,45 @@ MiB = 1 << 20
 TEXT_CAP_FLOOR = 4 * MiB  # a body that could never fit a context window is not worth reading
 BYTES_PER_CONTEXT_TOKEN = 32  # generous: JSON escapes can turn one token's text into ~30 bytes
 SMALL_CAP = 64 * 1024  # admin and GET routes carry a few fields at most
+# /v1/embeddings' own cap, whatever the decoders' windows: a batch body grows with its count of
+# inputs (up to EmbeddingsConfig.max_inputs of up to max_tokens each), not with a context window
+EMBEDDINGS_CAP = 64 * MiB
 
 
 @dataclass(frozen=True)
 class BodyCaps:
     """The largest request body each kind of route reads (a larger Content-Length is a 413).
 
-    Which routes take the text cap is decided by one registry, middleware.py's `text_body` marks;
-    `create_app` fills `text_routes` from it, so the banner names the routes the middleware caps."""
+    Which routes take which cap is decided by one registry, middleware.py's `text_body` and
+    `embeddings_body` marks; `create_app` fills `text_routes` and `embedding_routes` from it, so the
+    banner names the routes the middleware caps."""
 
     text: int  # the routes whose body carries a prompt (`text_routes`)
     small: int  # every other route
     text_routes: tuple[str, ...] = ()  # "/v1/chat/completions", ...: filled from the app's router
+    embeddings: int = EMBEDDINGS_CAP  # the routes whose body carries inputs to embed
+    embedding_routes: tuple[str, ...] = ()  # "/v1/embeddings": filled from the app's router
 
     @classmethod
     def resolve(cls, max_body_bytes: int, context_windows: list[int]) -> BodyCaps:
         """`max_body_bytes` > 0 caps every route alike; 0 derives a cap per route."""
         if max_body_bytes > 0:
-            return cls(text=max_body_bytes, small=max_body_bytes)
+            return cls(text=max_body_bytes, small=max_body_bytes, embeddings=max_body_bytes)
         text = max([TEXT_CAP_FLOOR] + [BYTES_PER_CONTEXT_TOKEN * c for c in context_windows])
-        return cls(text=text, small=SMALL_CAP)
+        return cls(text=text, small=SMALL_CAP, embeddings=EMBEDDINGS_CAP)
+
+    @property
+    def largest(self) -> int:
+        return max(self.text, self.small, self.embeddings)
 
     def describe(self) -> str:
-        if self.text == self.small:
+        if self.text == self.small == self.embeddings:
             return f"every route {_size(self.text)}"
         text = ", ".join(self.text_routes) or "prompt routes"
-        return f"{text} {_size(self.text)}; other routes {_size(self.small)}"
+        parts = [f"{text} {_size(self.text)}"]
+        if self.embedding_routes:
+            parts.append(f"{', '.join(self.embedding_routes)} {_size(self.embeddings)}")
+        return "; ".join([*parts, f"other routes {_size(self.small)}"])
 
 
 @dataclass(frozen=True)
@@ -49,6 +62,23 @@ class SamplingDefaults:
     top_p: float = 1.0
     top_k: int = 0
     min_p: float = 0.0
+
+
+@dataclass(frozen=True)
+class EmbeddingsConfig:
+    """/v1/embeddings (serve/embeddings.py, serve/embed_queue.py): its own queue and worker per
+    encoder, beside the generation scheduler's."""
+
+    # What an encoder checkpoint is built with (`serve --embed-quant`, `goinfer embed --quant`); a
+    # .giw keeps its own. f32 by default: an encoder is small, and f32 is the reference's numbers
+    quant: str = "f32"
+    max_batch_tokens: int = 16384  # tokens gathered into one forward from the waiting requests
+    max_queue: int = 64  # requests running or waiting per encoder; past it a request is a 429
+    max_inputs: int = 2048  # inputs a request (OpenAI's limit)
+
+
+EMBED_QUANTS = ("f32", "int8", "int8int8")
+INPUT_TYPES = ("query", "document")  # the Cohere/Voyage convention; document is the default
 
 
 # How /v1/systemone puts a question to the model (serve/decisions.py): the model's chat template,
@@ -81,6 +111,7 @@ class ServeConfig:
     # temperatures `goinfer decisions-calibrate` fitted under that template (None: none)
     decisions_template: str = "chat-v1"  # one of DECISIONS_TEMPLATES
     decisions_calibration: str | None = None
+    embeddings: EmbeddingsConfig = EmbeddingsConfig()
 
     @property
     def tls(self) -> bool:

@@ -1,6 +1,7 @@
 """What the server needs from a model: a small interface, so tests can serve a fake one.
 
-An Engine's methods are blocking (TVM calls, tokenizer work); the server calls `generate` from
+An Engine (a decoder) and an Embedder (an encoder) are the two kinds of model served. An Engine's
+methods are blocking (TVM calls, tokenizer work); the server calls `generate` from
 the model's worker threads (up to --max-concurrent at once) and the tokenizing methods from a
 thread pool, never on the event loop.
 """
@@ -8,10 +9,11 @@ thread pool, never on the event loop.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
 from goinfer.runtime.decode import GenerationRequest, StepEvent
 from goinfer.runtime.grammar import GrammarTokenizer
 
@@ -72,4 +74,35 @@ class Engine(Protocol):
 
     def close(self) -> None:
         """Drop the model's memory; called once no request uses it any more."""
+        ...
+
+
+class Embedder(Protocol):
+    """What the server needs from an encoder: runtime.encoder.Encoder's interface, served as is.
+
+    `embed_ids` is blocking and CPU-heavy: the server calls it from the encoder's own worker thread
+    (embed_queue.py), one call at a time, never on the event loop; `tokenize` from a thread pool."""
+
+    manifest: Any  # artifacts.manifest.Manifest: its quant
+    spec: Any  # ModelSpec: family, vocab_size
+    dimensions: int  # the vector's width
+    max_tokens: int  # positions an input may take, special tokens included
+    pooling: str  # "mean" | "cls" | "last"
+    prompts: Mapping[str, str]  # task name -> the prefix its inputs get ({} where the card has none)
+    device: str
+    tier: str | None
+    load_seconds: float
+    self_test: Any  # runtime.selftest.SelfTestResult | None
+
+    def tokenize(self, text: str) -> list[int]:
+        """Text -> ids with the model's special tokens ([CLS] ... [SEP])."""
+        ...
+
+    def truncate(self, ids: list[int]) -> list[int]:
+        """Cut to max_tokens, keeping the final special token."""
+        ...
+
+    def embed_ids(self, inputs: list[list[int]]) -> np.ndarray:
+        """(len(inputs), dimensions) float32, L2-normalized; ValueError for an empty input or one
+        over max_tokens."""
         ...

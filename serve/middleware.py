@@ -35,7 +35,8 @@ from .keys import CAPS, CONFIG
 
 log = logging.getLogger("goinfer.serve")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-_TEXT_ROUTES: set[Handler] = set()  # handlers whose body carries a prompt
+# Handlers whose body takes a cap other than the small one -> that cap's BodyCaps field
+_CAPPED: dict[Handler, str] = {}
 
 SAME_ORIGIN_ONLY = web.AppKey("same_origin_only", bool)  # an app (admin) that no --cors-origin opens
 CORS_ORIGIN = web.RequestKey("cors_origin", str)  # the foreign origin this request was allowed from
@@ -222,19 +223,35 @@ async def body_cap(request: web.Request, handler: Handler) -> web.StreamResponse
 
 def text_body(handler: Handler) -> Handler:
     """Marks a route whose body carries a prompt: it gets the text cap (sized to the context window)."""
-    _TEXT_ROUTES.add(handler)
+    _CAPPED[handler] = "text"
+    return handler
+
+
+def embeddings_body(handler: Handler) -> Handler:
+    """Marks a route whose body carries inputs to embed: it gets the embeddings cap (its own)."""
+    _CAPPED[handler] = "embeddings"
     return handler
 
 
 def text_routes(app: web.Application) -> tuple[str, ...]:
     """The paths of the app's text routes, sub-apps' included: what the banner names."""
-    paths = {r.resource.canonical for r in app.router.routes() if r.resource and r.handler in _TEXT_ROUTES}
+    return _routes_capped(app, "text")
+
+
+def embedding_routes(app: web.Application) -> tuple[str, ...]:
+    return _routes_capped(app, "embeddings")
+
+
+def _routes_capped(app: web.Application, cap: str) -> tuple[str, ...]:
+    paths = {
+        r.resource.canonical for r in app.router.routes() if r.resource and _CAPPED.get(r.handler) == cap
+    }
     return tuple(sorted(paths))
 
 
 def body_cap_for(request: web.Request) -> int:
     caps = request.config_dict[CAPS]
-    return caps.text if request.match_info.handler in _TEXT_ROUTES else caps.small
+    return getattr(caps, _CAPPED.get(request.match_info.handler, "small"))
 
 
 # -- reading a body --------------------------------------------------------------------------------

@@ -1,5 +1,9 @@
 """The served models: each in a slot with its worker threads and a bounded queue.
 
+Two kinds: decoders (Engine, in `slots`: the chat, completions, messages, responses and systemone
+routes) and encoders (Embedder, in `encoders`: /v1/embeddings, with a queue of its own,
+embed_queue.py). A request that names a model of the other kind is a 400 naming those that can.
+
 A slot runs up to `max_concurrent` generations at once, each on a worker thread of its own (the
 model's scheduler batches their steps, runtime/scheduler.py); more wait in the executor's queue,
 first come first served, up to `max_queue`, and beyond that a request is refused with 429.
@@ -18,7 +22,9 @@ from typing import TYPE_CHECKING
 
 from goinfer.runtime.scheduler import Cancelled, KVCacheFull
 
-from .engine import Engine
+from .config import EmbeddingsConfig
+from .embed_queue import EncoderSlot
+from .engine import Embedder, Engine
 from .errors import APIError
 
 if TYPE_CHECKING:
@@ -144,24 +150,68 @@ class Registry:
     def __init__(self, max_queue: int, max_concurrent: int = 1):
         self.max_queue, self.max_concurrent = max_queue, max_concurrent
         self.slots: dict[str, ModelSlot] = {}
+        self.encoders: dict[str, EncoderSlot] = {}
         self.loading: set[str] = set()
 
     def add(self, name: str, engine: Engine) -> ModelSlot:
+        if name in self.encoders:
+            raise ValueError(f"model name {name!r} is given twice (an embedding model has it)")
         slot = ModelSlot(name, engine, self.max_queue, self.max_concurrent)
         self.slots[name] = slot
         return slot
 
+    def add_encoder(self, name: str, encoder: Embedder, config: EmbeddingsConfig) -> EncoderSlot:
+        if name in self.slots:
+            raise ValueError(f"model name {name!r} is given twice (a chat model has it)")
+        slot = EncoderSlot(name, encoder, config)
+        self.encoders[name] = slot
+        return slot
+
     def route(self, name: str | None) -> ModelSlot:
+        """The decoder a generation (or decision) request names."""
         if name is None:
             if len(self.slots) == 1:
                 return next(iter(self.slots.values()))  # one model served: `model` may be left out
+            if not self.slots and self.encoders:
+                raise self._wrong_kind(None, "embedding")
             raise APIError(400, "model is required: this server serves several", param="model")
         if name in self.slots:
             return self.slots[name]
+        if name in self.encoders:
+            raise self._wrong_kind(name, "embedding")
+        raise self._unknown(name)
+
+    def route_encoder(self, name: str | None) -> EncoderSlot:
+        """The encoder an embeddings request names."""
+        if name is None:
+            if len(self.encoders) == 1:
+                return next(iter(self.encoders.values()))
+            if not self.encoders:
+                raise self._wrong_kind(None, "chat")
+            raise APIError(400, "model is required: this server serves several embedding models", "model")
+        if name in self.encoders:
+            return self.encoders[name]
+        if name in self.slots:
+            raise self._wrong_kind(name, "chat")
+        raise self._unknown(name)
+
+    def _wrong_kind(self, name: str | None, kind: str) -> APIError:
+        """`name` (None: every model served) is of `kind`; the request needs the other kind."""
+        chat, embedding = ", ".join(sorted(self.slots)), ", ".join(sorted(self.encoders))
+        if kind == "embedding":
+            what = f"model {name!r} is an embedding model" if name else "this server serves no chat model"
+            why = f"{what}: use POST /v1/embeddings for it; chat models here: {chat or 'none'}"
+        else:
+            what = f"model {name!r} is a chat model" if name else "this server serves no embedding model"
+            embedding = embedding or "none (serve one with --embed-model)"
+            why = f"{what}: it does not embed; embedding models here: {embedding}"
+        return APIError(400, why, param="model", code="wrong_model_kind")
+
+    def _unknown(self, name: str) -> APIError:
         if name in self.loading:
-            raise APIError(503, f"model {name!r} is still loading", param="model", code="model_loading")
-        served = ", ".join(sorted(self.slots)) or "none"
-        raise APIError(
+            return APIError(503, f"model {name!r} is still loading", param="model", code="model_loading")
+        served = ", ".join(sorted({*self.slots, *self.encoders})) or "none"
+        return APIError(
             404,
             f"model {name!r} is not served here (served: {served})",
             param="model",

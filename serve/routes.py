@@ -1,4 +1,5 @@
-"""The OpenAI routes: /v1/chat/completions, /v1/completions, /v1/models, and /health.
+"""The OpenAI routes: /v1/chat/completions, /v1/completions, /v1/models, and /health
+(/v1/embeddings is embeddings.py's).
 
 A generation route reads its body (capped, middleware.read_request), validates it against its
 schema below (ranges from OpenAI's API reference), turns it into a Job and hands that to the
@@ -13,7 +14,7 @@ from typing import Annotated, Any, Literal
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
-from . import pipeline
+from . import embeddings, pipeline
 from .errors import bad_request, unsupported
 from .events import ChatChunks, CompletionChunks
 from .keys import REGISTRY, STARTED
@@ -224,8 +225,9 @@ def openai_sampling(req: SamplingRequest) -> Sampling:
 
 @routes.get("/v1/models")
 async def models(request: web.Request) -> web.Response:
-    created = request.config_dict[STARTED]
-    data = [model_entry(slot, created) for slot in request.config_dict[REGISTRY].slots.values()]
+    created, reg = request.config_dict[STARTED], request.config_dict[REGISTRY]
+    data = [model_entry(slot, created) for slot in reg.slots.values()]
+    data += [embeddings.model_entry(slot, created) for slot in reg.encoders.values()]
     return web.json_response({"object": "list", "data": data})
 
 
@@ -236,6 +238,7 @@ def model_entry(slot: ModelSlot, created: int) -> dict[str, Any]:
         "object": "model",
         "created": created,
         "owned_by": "goinfer",
+        "kind": "chat",  # an encoder's entry says "embedding" (embeddings.model_entry)
         "context_window": info.context_window,
         "decode_path": info.decode_path,
         "prefill_path": info.prefill_path,
@@ -248,8 +251,9 @@ def model_entry(slot: ModelSlot, created: int) -> dict[str, Any]:
 @routes.get("/health")
 async def health(request: web.Request) -> web.Response:
     reg = request.config_dict[REGISTRY]
-    models = {
+    models: dict[str, Any] = {
         name: {
+            "kind": "chat",
             "running_or_queued": s.admitted,
             "target": s.engine.info.target,  # "cuda/sm_90", "llvm/avx512-vnni": where it runs
             "selftest": s.engine.info.selftest,
@@ -257,4 +261,5 @@ async def health(request: web.Request) -> web.Response:
         }
         for name, s in reg.slots.items()
     }
+    models.update({name: embeddings.health(s) for name, s in reg.encoders.items()})
     return web.json_response({"status": "ok", "models": models, "loading": sorted(reg.loading)})

@@ -10,8 +10,9 @@ from collections.abc import Mapping
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from . import embeddings
 from .config import BodyCaps, ServeConfig
-from .engine import Engine
+from .engine import Embedder, Engine
 
 
 class ExposureError(ValueError):
@@ -40,7 +41,12 @@ def ssl_context(config: ServeConfig) -> ssl.SSLContext | None:
     return ctx
 
 
-def banner(config: ServeConfig, caps: BodyCaps, engines: Mapping[str, Engine]) -> list[str]:
+def banner(
+    config: ServeConfig,
+    caps: BodyCaps,
+    engines: Mapping[str, Engine],
+    encoders: Mapping[str, Embedder] | None = None,
+) -> list[str]:
     lines = [f"goinfer serve: OpenAI base URL {config.base_url}"]
     for name, engine in engines.items():
         i = engine.info
@@ -49,6 +55,19 @@ def banner(config: ServeConfig, caps: BodyCaps, engines: Mapping[str, Engine]) -
         memory = getattr(engine, "memory_line", None)  # real models; the tests' fakes have no cache
         if memory is not None:
             lines.append(f"    {memory()}")
+    for name, e in (encoders or {}).items():
+        prompts = ", ".join(f"{k} {v!r}" for k, v in e.prompts.items()) or "none"
+        lines.append(
+            f"  embedding model {name}: {e.dimensions} dimensions, {e.max_tokens} tokens an input, "
+            f"{e.pooling} pooling (quant {e.manifest.quant}, target {embeddings.target(e)}); "
+            f"prompts: {prompts}"
+        )
+    if encoders:
+        m = config.embeddings
+        lines.append(
+            f"  embeddings: a queue of their own, up to {m.max_batch_tokens} tokens a forward across "
+            f"requests, {m.max_queue} requests at most"
+        )
     lines.append(f"  body caps: {caps.describe()}")
     origins = ", ".join(config.cors_origins) if config.cors_origins else "none"
     lines.append(f"  browser origins allowed besides this server's own: {origins} (admin routes: none)")

@@ -4,6 +4,7 @@
 expected values); a `gate` holds it in "prefill" until the test opens it, which is how the
 queueing, keep-alive, cancellation and unload tests control timing. `SampledEngine` draws its
 tokens through the real runtime sampler over fixed pseudo-random logits, to check seeds end to end.
+`FakeEncoder` stands in for runtime.encoder.Encoder (/v1/embeddings).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import dataclasses
 import functools
 import threading
 import time
+import types
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -301,3 +303,62 @@ DECISIONS_EXAMPLE = {
         "is_urgent": {"type": "noul", "instructions": "Is this urgent?"},
     },
 }
+
+
+class FakeEncoder:
+    """runtime.encoder.Encoder's interface without TVM: one token a character between [CLS] (1) and
+    [SEP] (2), and as the vector the mean of a fixed random vector per token id, L2-normalized (a
+    hashed bag of tokens). Real vectors, deterministic, and a row never depends on its batch.
+
+    `hold` given keeps each embed_ids call waiting until the test sets it (the batching tests);
+    `calls` records every call's inputs; an input holding the id `poison` makes the call raise."""
+
+    CLS, SEP = 1, 2
+
+    def __init__(
+        self,
+        dimensions: int = 16,
+        max_tokens: int = 32,
+        prompts: dict[str, str] | None = None,
+        vocab_size: int = 500,
+        hold: threading.Event | None = None,
+        poison: int | None = None,
+    ):
+        self.dimensions, self.max_tokens, self.pooling = dimensions, max_tokens, "mean"
+        self.prompts = dict(prompts or {})
+        self.spec = types.SimpleNamespace(family="bert", vocab_size=vocab_size)
+        self.manifest = types.SimpleNamespace(quant="f32", family="bert")
+        self.device, self.tier, self.load_seconds, self.self_test = "cpu", "fake", 0.01, None
+        self.table = np.random.default_rng(0).standard_normal((vocab_size, dimensions)).astype(np.float32)
+        self.hold, self.poison = hold, poison
+        self.calls: list[list[list[int]]] = []
+        self.entered = threading.Event()  # a call has started (and waits on `hold`, if given)
+
+    def tokenize(self, text: str) -> list[int]:
+        return [self.CLS] + [4 + ord(c) % (self.spec.vocab_size - 4) for c in text] + [self.SEP]
+
+    def truncate(self, ids: list[int]) -> list[int]:
+        return ids if len(ids) <= self.max_tokens else [*ids[: self.max_tokens - 1], ids[-1]]
+
+    def vector(self, ids: list[int]) -> np.ndarray:
+        """One input's vector, as embed_ids computes it."""
+        v = self.table[ids].mean(axis=0)
+        return (v / np.linalg.norm(v)).astype(np.float32)
+
+    def embed_ids(self, inputs: list[list[int]]) -> np.ndarray:
+        self.calls.append([list(ids) for ids in inputs])
+        self.entered.set()
+        if self.hold is not None:
+            self.hold.wait(timeout=30)
+        for ids in inputs:
+            if not ids or len(ids) > self.max_tokens:
+                raise ValueError(f"an input of {len(ids)} tokens (1 to {self.max_tokens})")
+            if self.poison in ids:
+                raise RuntimeError("kernel exploded at /secret/path.py line 3")
+        return np.stack([self.vector(ids) for ids in inputs])
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        return self.embed_ids([self.tokenize(t) for t in texts])
+
+
+NOMIC_PROMPTS = {"query": "search_query: ", "document": "search_document: "}
