@@ -71,4 +71,4 @@ async def _close_models(app: web.Application) -> AsyncIterator[None]:
     for slot in app[REGISTRY].slots.values():
         await asyncio.to_thread(slot.close)  # stopping a scheduler may write its sessions to disk
     for encoder in app[REGISTRY].encoders.values():
-        encoder.close()
+        await asyncio.to_thread(encoder.close)  # waits for the forward it may be running

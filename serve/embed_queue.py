@@ -169,7 +169,8 @@ class EncoderSlot:
         job.post(e)
 
     def close(self) -> None:
-        """Stop the worker; requests still waiting are answered 503."""
+        """Stop the worker, answering 503 to requests still waiting; once the forward it may be
+        running is done, free the encoder (its weights are a mapping the forward reads)."""
         with self._wake:
             self._closed = True
             waiting = list(self._pending)
@@ -177,3 +178,5 @@ class EncoderSlot:
             self._wake.notify_all()
         for job in waiting:
             job.post(APIError(503, f"embedding model {self.name!r} is shutting down", code="closed"))
+        self._thread.join()
+        self.encoder.close()

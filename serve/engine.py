@@ -106,3 +106,7 @@ class Embedder(Protocol):
         """(len(inputs), dimensions) float32, L2-normalized; ValueError for an empty input or one
         over max_tokens."""
         ...
+
+    def close(self) -> None:
+        """Drop the bundle's mapping; called once no forward runs any more."""
+        ...

@@ -333,6 +333,7 @@ class FakeEncoder:
         self.hold, self.poison = hold, poison
         self.calls: list[list[list[int]]] = []
         self.entered = threading.Event()  # a call has started (and waits on `hold`, if given)
+        self.closed = False
 
     def tokenize(self, text: str) -> list[int]:
         return [self.CLS] + [4 + ord(c) % (self.spec.vocab_size - 4) for c in text] + [self.SEP]
@@ -359,6 +360,9 @@ class FakeEncoder:
 
     def embed(self, texts: list[str]) -> np.ndarray:
         return self.embed_ids([self.tokenize(t) for t in texts])
+
+    def close(self) -> None:
+        self.closed = True
 
 
 NOMIC_PROMPTS = {"query": "search_query: ", "document": "search_document: "}

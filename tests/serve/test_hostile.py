@@ -18,7 +18,7 @@ from typing import Any
 import hostile
 import pytest
 from aiohttp.test_utils import TestServer
-from fake_engine import GrammarEngine
+from fake_engine import FakeEncoder, GrammarEngine
 from goinfer.serve import server
 from goinfer.serve.app import create_app
 from goinfer.serve.config import ServeConfig
@@ -38,7 +38,9 @@ def engine() -> GrammarEngine:
 
 async def start(aiohttp_client) -> tuple[str, int]:
     """The app on a loopback port, with the server logger `goinfer serve` runs with."""
-    test_server = TestServer(create_app({hostile.MODEL: engine()}, ServeConfig(**CONFIG)))
+    # an encoder beside it for /v1/embeddings (the cases name no model: it is the only one)
+    app = create_app({hostile.MODEL: engine()}, ServeConfig(**CONFIG), encoders={"e": FakeEncoder()})
+    test_server = TestServer(app)
     await test_server.start_server(logger=server.http_log())
     client = await aiohttp_client(test_server)  # closes the server at the end of the test
     return client.server.host, client.server.port
