@@ -19,8 +19,10 @@ from goinfer.runtime.config import SchedulerConfig
 from goinfer.runtime.sampler import SamplingParams
 from goinfer.serve.config import DECISIONS_TEMPLATES, SamplingDefaults, ServeConfig
 
+from . import embed as embed_cli
 from . import options
 from .check import check
+from .embed import embed, embed_quant
 from .errors import OneLineErrors, fail, user_errors
 from .options import KV_DTYPES, knob
 from .zoo import zoo
@@ -168,6 +170,15 @@ _N0, _N1 = click.IntRange(min=0), click.IntRange(min=1)
     "(default: the zoo's default model)",
 )
 @click.option(
+    "--embed-model",
+    "embed_models",
+    multiple=True,
+    metavar="[NAME=]REF",
+    help="an embedding model served on /v1/embeddings, beside --model or alone: a .giw, a checkpoint "
+    "folder, hf:OWNER/REPO:safetensors or a zoo name (all-minilm-l6-v2); repeat to serve several",
+)
+@embed_quant
+@click.option(
     "--addr",
     default=f"{ServeConfig.host}:{ServeConfig.port}",
     show_default=True,
@@ -289,6 +300,8 @@ _N0, _N1 = click.IntRange(min=0), click.IntRange(min=1)
 def serve(
     bundle: str | None,
     models: tuple[str, ...],
+    embed_models: tuple[str, ...],
+    embed_quant: str,
     addr: str,
     api_key: str | None,
     drafter: str | None,
@@ -300,14 +313,15 @@ def serve(
     **knobs: Any,
 ) -> None:
     """Serve BUNDLE (or the models given by --model) over OpenAI-compatible and Anthropic Messages
-    HTTP APIs (base URL http://ADDR/v1). A model is a .giw, a pre-built store's zoo:DIR/NAME, or a
-    checkpoint built once into the cache: a .gguf, a checkpoint directory, hf:OWNER/REPO:QUANT or a
-    zoo name."""
+    HTTP APIs (base URL http://ADDR/v1), and the embedding models given by --embed-model on
+    /v1/embeddings. A model is a .giw, a pre-built store's zoo:DIR/NAME, or a checkpoint built once
+    into the cache: a .gguf, a checkpoint directory, hf:OWNER/REPO:QUANT or a zoo name. With only
+    --embed-model, no chat model is served."""
     from goinfer.compiler.resolve import model_specs
     from goinfer.compiler.sources.zoo import DEFAULT_MODEL
     from goinfer.serve import decisions, server
     from goinfer.serve.app import create_app
-    from goinfer.serve.config import parse_addr
+    from goinfer.serve.config import EmbeddingsConfig, parse_addr
     from goinfer.serve.keys import CAPS
 
     try:
@@ -323,20 +337,34 @@ def serve(
             api_key=api_key or None,
             max_concurrent=engine.max_concurrent,  # the scheduler's: the registry admits as many
             sampling=options.config(SamplingDefaults, knobs),
+            embeddings=EmbeddingsConfig(quant=embed_quant),
         )
         server.check_exposure(config)  # before any model loads: a refusal costs nothing
         decisions.load_calibration(config.decisions_calibration, config.decisions_template)
         server.log_to_stderr()
         context = server.ssl_context(config)
         load = engine_loader(defaults, not no_selftest, engine, device)
-        specs = (*((bundle,) if bundle else ()), *models) or (DEFAULT_MODEL,)
-        engines = {name: load(name, ref, None) for name, ref in model_specs(specs)}
+        specs = (*((bundle,) if bundle else ()), *models) or (() if embed_models else (DEFAULT_MODEL,))
+        named = model_specs(specs)
+        encoders = {
+            name: load_encoder(name, ref, embed_quant, not no_selftest, device)
+            for name, ref in embed_cli.encoder_specs(embed_models, {name for name, _ in named})
+        }
+        engines = {name: load(name, ref, None) for name, ref in named}
     except ValueError as e:  # bad --addr/--model, exposure, TLS files, and the loader's reasons
         fail(str(e))
-    app = create_app(engines, config, loader=load if config.allow_admin else None)
-    for line in server.banner(config, app[CAPS], engines):
+    loader = load if config.allow_admin else None
+    app = create_app(engines, config, loader=loader, encoders=encoders)
+    for line in server.banner(config, app[CAPS], engines, encoders):
         click.echo(line)
     server.run(app, config, context)
+
+
+def load_encoder(name: str, ref: str, quant: str, self_test: bool, device: str):
+    try:
+        return embed_cli.load_encoder(ref, quant, self_test, device)  # looked up here: tests replace it
+    except ValueError as e:
+        raise ValueError(f"--embed-model {name}={e}") from None
 
 
 def resolve_drafter(ref: str | None, defaults: BuildOptions):
@@ -439,6 +467,7 @@ def inspect(bundle: str, as_json: bool, verify: bool) -> None:
 
 
 main.add_command(zoo)
+main.add_command(embed)
 main.add_command(check)
 
 if __name__ == "__main__":

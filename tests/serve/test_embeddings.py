@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
+import json
 import threading
 from typing import Any
 
@@ -488,3 +489,105 @@ async def test_the_openai_sdk(aiohttp_client):
     with pytest.raises(openai.NotFoundError):
         await sdk.embeddings.create(model="text-embedding-3-small", input="x")
     await sdk.close()
+
+
+# -- the CLI -------------------------------------------------------------------------------------------------
+def _run(*args: str, stdin: str | None = None):
+    from click.testing import CliRunner
+    from goinfer.cli.main import main
+
+    return CliRunner().invoke(main, [str(a) for a in args], input=stdin, env={"GOINFER_API_KEY": ""})
+
+
+def _one_line_error(result, needle: str) -> None:
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("goinfer: error: ") and needle in lines[0], lines
+
+
+@pytest.fixture
+def fake_loader(monkeypatch):
+    """`goinfer embed` and `serve --embed-model` load FakeEncoders; returns the loads' arguments."""
+    from goinfer.cli import embed as embed_cli
+
+    loads: list[tuple[Any, ...]] = []
+
+    def load(ref: str, quant: str, self_test: bool = True, device: str = "auto") -> FakeEncoder:
+        if ref.endswith("broken.giw"):
+            raise ValueError(f"{ref}: bundle is truncated")
+        loads.append(
+            (ref, quant, self_test, device, enc := FakeEncoder(max_tokens=64, prompts=NOMIC_PROMPTS))
+        )
+        return enc
+
+    monkeypatch.setattr(embed_cli, "load_encoder", load)
+    return loads
+
+
+async def test_goinfer_embed_prints_the_vectors_as_json(fake_loader):
+    result = _run(
+        "embed", "models/nomic.giw", "a query", "another", "--dimensions", "8", "--input-type", "query"
+    )
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert (out["model"], out["dimensions"]) == ("nomic", 8)
+    assert out["task"] == {"name": "query", "prompt": "search_query: "}
+    ref, quant, self_test, _device, enc = fake_loader[-1]
+    assert (ref, quant, self_test) == ("models/nomic.giw", "f32", True) and enc.closed
+    full = np.stack([enc.vector(enc.tokenize("search_query: " + t)) for t in ("a query", "another")])
+    want = full[:, :8] / np.linalg.norm(full[:, :8], axis=1, keepdims=True)
+    got = np.array([d["embedding"] for d in out["data"]], np.float32)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    assert [d["index"] for d in out["data"]] == [0, 1]
+    assert out["usage"]["prompt_tokens"] == sum(len("search_query: " + t) + 2 for t in ("a query", "another"))
+
+    piped = _run("embed", "nomic.giw", "--no-selftest", "--quant", "int8", stdin="one\n\n  \ntwo words\n")
+    assert piped.exit_code == 0, piped.output
+    out = json.loads(piped.stdout)
+    assert len(out["data"]) == 2 and out["dimensions"] == 16 and out["task"]["name"] == "document"
+    assert fake_loader[-1][1:3] == ("int8", False)
+
+    cut = _run("embed", "nomic.giw", "x" * 100, "--truncate")
+    assert cut.exit_code == 0 and json.loads(cut.stdout)["truncated"] == [0]
+
+
+async def test_goinfer_embed_fails_in_one_line(fake_loader, tmp_path):
+    _one_line_error(_run("embed", "nomic.giw", "a", "--dimensions", "99"), "dimensions 99")
+    _one_line_error(_run("embed", "nomic.giw", "a", "--dimensions", "0"), "--dimensions")
+    _one_line_error(_run("embed", "nomic.giw", "x" * 100), "at most 64 tokens")
+    _one_line_error(_run("embed", "nomic.giw", stdin="\n\n"), "no texts")
+    _one_line_error(_run("embed", "nomic.giw", "a", "--input-type", "search"), "--input-type")
+    _one_line_error(_run("embed", "broken.giw", "a"), "bundle is truncated")
+
+
+async def test_goinfer_embed_names_a_missing_bundle():
+    result = _run("embed", "/nonexistent/minilm.giw", "a")
+    _one_line_error(result, "minilm.giw")
+
+
+async def test_serve_with_an_embedding_model_alone(fake_loader, monkeypatch, aiohttp_client):
+    got: dict[str, Any] = {}
+    monkeypatch.setattr(server, "run", lambda app, config, ctx: got.update(app=app, config=config))
+    result = _run("serve", "--embed-model", "models/nomic.giw", "--embed-quant", "int8", "--no-selftest")
+    assert result.exit_code == 0, result.output
+    app, config = got["app"], got["config"]
+    assert set(app[REGISTRY].encoders) == {"nomic"} and not app[REGISTRY].slots  # no default chat model
+    assert config.embeddings.quant == "int8" and fake_loader[-1][1:3] == ("int8", False)
+    out = result.stdout
+    assert "embedding model nomic: 16 dimensions, 64 tokens an input, mean pooling" in out
+    assert "prompts: query 'search_query: ', document 'search_document: '" in out
+    assert "/v1/embeddings 64.0 MiB" in out
+    client = await aiohttp_client(app)
+    reply = await embed(client, input=["served"], input_type="query")
+    assert reply["model"] == "nomic" and reply["goinfer_task"]["name"] == "query"
+
+
+async def test_serve_refuses_embedding_models_before_loading(fake_loader, tmp_path):
+    missing = tmp_path / "missing.giw"
+    result = _run("serve", "--model", f"a={missing}", "--embed-model", "a=nomic.giw")
+    _one_line_error(result, "'a' is given twice")
+    assert not fake_loader
+    _one_line_error(
+        _run("serve", "--embed-model", "e=broken.giw"), "--embed-model e=broken.giw: bundle is truncated"
+    )
+    _one_line_error(_run("serve", "--embed-model", "e.giw", "--embed-quant", "int4"), "--embed-quant")
