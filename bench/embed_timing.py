@@ -1,0 +1,44 @@
+"""How bench.embed times every embedder, the same code in each process: standard library only.
+
+Ours runs it in the project's venv, sentence-transformers in the reference venv (which has no
+goinfer: only this file's folder, as the `bench` package, is imported there), llama-server's client
+in the bench's own process. Each call is timed text in, vectors out, tokenizing included.
+
+A worker (ours, sentence-transformers) loads its model, writes the vectors of the batch and the
+query, prints one JSON line about itself, then answers one line per command on stdin: "batch" or
+"query" runs that call once and prints {"s": seconds}; "quit" (or EOF) ends it. The bench steps
+every worker in turn, a call at a time, so drift on a shared machine falls on all of them alike.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+Embed = Callable[[list[str]], Any]
+# Before each timed call: thread pools spin a while after their last task (TVM's, libgomp's,
+# llama.cpp's --poll), and a worker that just finished must not steal cores from the next one.
+SETTLE_S = 0.25
+
+
+def timed(embed: Embed, texts: Sequence[str]) -> float:
+    time.sleep(SETTLE_S)
+    t = time.perf_counter()
+    embed(list(texts))
+    return time.perf_counter() - t
+
+
+def serve(embed: Embed, batch: Sequence[str], query: str, meta: dict[str, Any]) -> None:
+    """The worker's loop (see the module docstring); `meta` is its first line."""
+    print(json.dumps(meta), flush=True)
+    for line in sys.stdin:
+        cmd = line.strip()
+        if cmd == "quit":
+            break
+        if cmd not in ("batch", "query"):
+            print(json.dumps({"error": f"unknown command {cmd!r}"}), flush=True)
+            continue
+        print(json.dumps({"s": timed(embed, batch if cmd == "batch" else [query])}), flush=True)
