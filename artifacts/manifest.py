@@ -22,12 +22,18 @@ from .giw import FORMAT_VERSION, RESERVED_KEYS, Bundle, BundleError
 
 # The model families the compiler builds (compiler/models/<family>.py): a checkpoint's
 # architecture string, checked by the sources before anything is compiled.
-FAMILIES = ("llama", "qwen2", "gemma3")
-# What a family is, and the entry points its bundle's module has (compiler/models/__init__.py).
+FAMILIES = ("llama", "qwen2", "gemma3", "bert", "nomic_bert")
+# What a family is, and the entry points its bundle's module has (compiler/models/__init__.py):
+# a decoder generates over a paged KV cache; an encoder maps several inputs, packed, to one
+# vector each (`embed`).
 ENTRY_POINTS_OF = {
     "decoder": ("prefill_all", "decode", "batch_prefill", "batch_decode", "create_kv_cache"),
+    "encoder": ("embed",),
 }
 ENTRY_POINTS = ENTRY_POINTS_OF["decoder"]
+# How an encoder turns its last hidden states into one vector (sentence-transformers' pooling
+# modes we build): the mean over the input's tokens, its first token, or its last.
+POOLINGS = ("mean", "cls", "last")
 # The KV cache dtypes a bundle may be built with (the compiler's BuildOptions.kv_dtype).
 KV_DTYPES = ("float16", "float32")
 # The pages' element type unless a build asks otherwise: float16 halves the bytes a decode step
@@ -67,7 +73,7 @@ class ModelSpec:
     tie_embeddings: bool = False
     attention_bias: bool = False  # qwen2: q/k/v projections carry a bias
     # Family specifics (defaults are llama's).
-    activation: str = "silu"  # "silu" | "gelu_tanh" (gated MLP either way)
+    activation: str = "silu"  # "silu" | "gelu_tanh" (gated MLP either way); "gelu" (erf: bert)
     embed_scale: float = 1.0  # gemma: sqrt(hidden_size)
     norm_weight_offset: float = 0.0  # gemma RMSNorm uses (offset + w); GGUF already folds the 1 in
     qk_norm: bool = False  # gemma3: RMSNorm over each q and k head before RoPE
@@ -76,6 +82,7 @@ class ModelSpec:
     sliding_window: int = 0  # 0: no sliding-window layers
     sliding_layers: tuple[bool, ...] = ()  # per layer: True where attention is windowed
     rope_local_theta: float = 0.0  # gemma3: the rope base of the sliding-window layers
+    learned_positions: bool = False  # bert: a position embedding table, added to the tokens' (no RoPE)
 
     @property
     def softmax_scale(self) -> float:
@@ -112,6 +119,27 @@ class KVCache:
             raise BundleError(
                 f"corrupt manifest: kv_cache.dtype is {self.dtype!r}, not one of {', '.join(KV_DTYPES)}"
             )
+
+
+@dataclass(frozen=True)
+class Embedding:
+    """An encoder's output: one vector per input, pooled as its checkpoint says, L2-normalized."""
+
+    pooling: str  # POOLINGS
+    dimensions: int  # the vector's width (the model's hidden size)
+    max_tokens: int  # positions an input may take, its special tokens included
+    # Task name -> the text put before an input for it (sentence-transformers' "prompts":
+    # {"query": "search_query: ", ...}); empty where the model card defines none.
+    prompts: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.pooling not in POOLINGS:
+            raise BundleError(
+                f"corrupt manifest: embedding.pooling is {self.pooling!r}, not one of {', '.join(POOLINGS)}"
+            )
+        for name, value in (("dimensions", self.dimensions), ("max_tokens", self.max_tokens)):
+            if value < 1:
+                raise BundleError(f"corrupt manifest: embedding.{name} is {value}, not a positive count")
 
 
 @dataclass(frozen=True)
@@ -183,7 +211,7 @@ class Manifest:
     chat_template_origin: str  # "checkpoint" or "family default: <why>"
     params: tuple[str, ...]  # tensor names, in the order the entry points take them
     weight_schemes: Mapping[str, str]  # module path -> scheme name
-    kv_cache: KVCache
+    kv_cache: KVCache | None  # a decoder's; None for an encoder
     entry_points: tuple[str, ...]
     cpu_tiers: tuple[CpuTier, ...]  # best first: the self-test picks the first that passes
     selftest: SelfTest
@@ -191,17 +219,33 @@ class Manifest:
     build: Build
     gpu_modules: tuple[GpuModule, ...] = ()  # the model compiled for GPUs (empty: CPU only)
     gpu_selftest: GpuSelfTest | None = None  # present whenever gpu_modules is not empty
+    kind: str = "decoder"  # ENTRY_POINTS_OF's keys: what the model does, and so its entry points
+    embedding: Embedding | None = None  # an encoder's output (kind "encoder" only)
 
     def __post_init__(self) -> None:
-        for name, value in (
+        if self.kind not in ENTRY_POINTS_OF:
+            raise BundleError(
+                f"corrupt manifest: kind is {self.kind!r}, not one of {', '.join(ENTRY_POINTS_OF)}"
+            )
+        if (self.kind == "decoder") != (self.kv_cache is not None):
+            raise BundleError(
+                f"corrupt manifest: a{'' if self.kv_cache else ' missing'} kv_cache for a {self.kind}"
+            )
+        if (self.kind == "encoder") != (self.embedding is not None):
+            raise BundleError(
+                f"corrupt manifest: a{'' if self.embedding else ' missing'} embedding for a {self.kind}"
+            )
+        counts = [
             ("model.context_length", self.model.context_length),
             ("model.vocab_size", self.model.vocab_size),
-            ("kv_cache.page_size", self.kv_cache.page_size),
-            ("kv_cache.prefill_chunk", self.kv_cache.prefill_chunk),
-        ):
+        ]
+        if self.kv_cache is not None:
+            counts += [("kv_cache.page_size", self.kv_cache.page_size),
+                       ("kv_cache.prefill_chunk", self.kv_cache.prefill_chunk)]  # fmt: skip
+        for name, value in counts:
             if value < 1:
                 raise BundleError(f"corrupt manifest: {name} is {value}, not a positive count")
-        if missing := [e for e in ENTRY_POINTS if e not in self.entry_points]:
+        if missing := [e for e in ENTRY_POINTS_OF[self.kind] if e not in self.entry_points]:
             raise BundleError(f"corrupt manifest: entry_points lacks {', '.join(missing)}")
         if not self.cpu_tiers and not self.gpu_modules:
             raise BundleError("corrupt manifest: neither cpu_tiers nor gpu_modules names a module")
@@ -330,12 +374,16 @@ def describe(bundle: Bundle) -> str:
     m = Manifest.of(bundle)
     infos = [bundle.tensor_info(n) for n in bundle.tensor_names()]
     dtypes = Counter(e.dtype.name for e in infos)
-    kv = m.kv_cache
+    kv, emb = m.kv_cache, m.embedding
     lines = [
         f"bundle   {bundle.path.name}  {_human(bundle.size)}  format v{FORMAT_VERSION}",
         f"versions goinfer {m.goinfer_version}  tvm {m.tvm_version}",
-        f"model    {m.family}  quant {m.quant}  context {m.context_length}",
-        f"kv cache pages of {kv.page_size}  prefill chunks of {kv.prefill_chunk}  {kv.dtype}",
+        f"model    {m.family} ({m.kind})  quant {m.quant}  context {m.context_length}",
+        f"kv cache pages of {kv.page_size}  prefill chunks of {kv.prefill_chunk}  {kv.dtype}"
+        if kv is not None
+        else f"embeds   {emb.dimensions} wide, {emb.pooling} pooling, prompts {', '.join(emb.prompts) or '-'}"
+        if emb is not None
+        else "",
         f"tensors  {len(infos)}  {_human(sum(e.nbytes for e in infos))}  "
         + ", ".join(f"{k}×{v}" for k, v in sorted(dtypes.items())),
     ]

@@ -102,7 +102,7 @@ def build(
         selftest,
     )
     from .models import FAMILIES, family
-    from .quant import scheme_for
+    from .quant import ENCODER_MODES, scheme_for
     from .tvm import targets as tvm_targets  # a local `targets` is the option's
 
     t0 = time.perf_counter()
@@ -120,6 +120,14 @@ def build(
     spec = ckpt.spec
     if spec.family not in FAMILIES:
         raise BuildError(f"unsupported architecture {spec.family!r}; supported: {', '.join(FAMILIES)}")
+    fam = family(spec.family)
+    if fam.kind == "encoder" and (gpu := [t for t in targets if t != "llvm"]):
+        raise BuildError(f"{spec.family} is an encoder: encoders build for llvm only, not {gpu[0]}")
+    if fam.kind == "encoder" and options.quant not in ("gguf", *ENCODER_MODES):
+        raise BuildError(
+            f"{spec.family} is an encoder: --quant {options.quant} is not offered for encoders "
+            f"(choose {' or '.join(ENCODER_MODES)}: the others lose cosine to f32, quant/__init__.py)"
+        )
     progress(
         f"[1/6] read {source}: {spec.family}, {spec.num_layers} layers, hidden {spec.hidden_size}, "
         f"vocab {spec.vocab_size}, {len(ckpt.tensors)} tensors"
@@ -130,9 +138,12 @@ def build(
     def pick(parts: Sequence[SourceTensor]) -> ModuleType:
         return scheme_for(options.quant, parts)
 
-    progress(f"[2/6] building the {spec.family} graph ({options.quant}, KV cache {options.kv_dtype})")
+    what = f"KV cache {options.kv_dtype}" if fam.kind == "decoder" else f"{ckpt.embedding.pooling} pooling"
+    progress(f"[2/6] building the {spec.family} {fam.kind} graph ({options.quant}, {what})")
     cpu_tiers = compile_cache.tiers_for("llvm", options.num_cores)
-    model = family(spec.family).build(spec, pick, ckpt.tensors, cpu_tiers[0][1], options.kv_dtype)
+    # An encoder's graph ends in its pooling (the checkpoint's), a decoder's in its KV cache.
+    extra = {"pooling": ckpt.embedding.pooling} if fam.kind == "encoder" else {}
+    model = fam.build(spec, pick, ckpt.tensors, cpu_tiers[0][1], options.kv_dtype, **extra)
     weighted, schemes = _weighted(model, ckpt, progress)
     # The parameters in the order the entry points take them (the exporter's: each compiled module's
     # own list is checked against it below), with the shapes the packed weights must have.
@@ -538,6 +549,7 @@ def _manifest(
 
     from .models import family
 
+    kind = family(ckpt.spec.family).kind
     return manifest.Manifest(
         goinfer_version=__version__,
         tvm_version=tvm.__version__,
@@ -548,7 +560,7 @@ def _manifest(
         chat_template_origin=ckpt.chat_template_origin,
         params=tuple(param_order),
         weight_schemes=schemes,
-        kv_cache=kv_cache(ckpt.spec, options.kv_dtype),
+        kv_cache=kv_cache(ckpt.spec, options.kv_dtype) if kind == "decoder" else None,
         entry_points=family(ckpt.spec.family).entry_points,  # as the family's kind declares
         cpu_tiers=tuple(cpu_tiers),
         selftest=selftest,
@@ -556,6 +568,8 @@ def _manifest(
         build=manifest.Build(target=",".join(options.targets), quant=options.quant),
         gpu_modules=tuple(gpu_modules),
         gpu_selftest=gpu_selftest,
+        kind=kind,
+        embedding=ckpt.embedding,
     )
 
 

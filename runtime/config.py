@@ -23,3 +23,11 @@ class SchedulerConfig:
     spec: str = "off"  # "off" | "ngram": prompt-lookup speculative decoding (runtime/speculate.py)
     drafter: str | None = None  # a .giw whose small model drafts for speculation (runtime/draft_model.py)
     prefix_reuse: str = "exact"  # "exact": bit-exact reuse (any token on the CPU) | "longest" (kv_pool.py)
+
+
+@dataclass(frozen=True)
+class EncoderConfig:
+    # Tokens a forward of the encoder takes at most: inputs beyond it run in the next forward.
+    # 8192 is 64 inputs of 128 tokens in one forward; its activations (MiniLM: the 1536-wide MLP)
+    # are ~50 MB.
+    max_batch_tokens: int = 8192

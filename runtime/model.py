@@ -125,6 +125,11 @@ class Model:
         bundle = giw.open_bundle(path, verify=verify, cache_dir=cache_dir, private=True)
         try:
             m = Manifest.of(bundle)
+            if m.kind != "decoder":
+                raise giw.BundleError(
+                    f"bundle {Path(path).name} is an {m.kind} ({m.family}), not a generative model: "
+                    "serve it with --embed-model"
+                )
             where = devices.choose(m, device, Path(path).name, _say)
         except (giw.BundleError, devices.DeviceError):
             bundle.close()

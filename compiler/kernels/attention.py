@@ -392,6 +392,66 @@ def prefill(h_kv: int, h_q: int, d: int, sliding: bool, window: int, dtype: str 
     return attention_prefill
 
 
+def packed(h: int, d: int, scale: float) -> tirx.PrimFunc:
+    """An encoder's attention: several inputs packed one after another, each token attending to
+    every token of its own input (no mask inside an input, nothing across inputs), in `_tile`'s
+    order and arithmetic. q, k, v: (n, h, d) float32, input b the rows [offsets[b], offsets[b+1]);
+    out: (n, h, d); lse: (n, h), the log2-sum-exp `_tile` leaves (unused by the model). `scale`:
+    the softmax's, head_dim ** -0.5 for every encoder we build.
+
+    The keys are `_tile`'s "chunk" with no history: positions from 0 within the input. A task is
+    one (input, head), its query tiles in turn: 64 inputs of a batch give 768 tasks a layer to
+    share among the threads, one 16-token query 12."""
+    attend = _tile(d, h, h, "float32")
+
+    @T.prim_func(private=True)
+    def attention_packed(var_q: T.handle, var_k: T.handle, var_v: T.handle, var_offsets: T.handle,
+                         var_out: T.handle, var_lse: T.handle):  # fmt: skip
+        T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
+        n, edges, off = T.int32(), T.int32(), T.int32()
+        q = T.match_buffer(var_q, (n, h, d), "float32")
+        k = T.match_buffer(var_k, (n, h, d), "float32")
+        v = T.match_buffer(var_v, (n, h, d), "float32")
+        offsets = T.match_buffer(var_offsets, (edges,), "int32", elem_offset=off)
+        out = T.match_buffer(var_out, (n, h, d), "float32")
+        lse = T.match_buffer(var_lse, (n, h), "float32")
+        qf = T.decl_buffer((n * h, d), "float32", data=q.data)
+        kf = T.decl_buffer((n * h * d,), "float32", data=k.data)
+        vf = T.decl_buffer((n * h * d,), "float32", data=v.data)
+        of = T.decl_buffer((n * h, d), "float32", data=out.data)
+        lf = T.decl_buffer((n * h,), "float32", data=lse.data)
+        for task in T.parallel((edges - 1) * h):
+            b = T.Bind(task // h)
+            hk = T.Bind(task % h)
+            n_q = T.Bind(offsets[b + 1] - offsets[b])
+            rows = T.alloc_buffer((ROWS,), "int32")
+            lo_b = T.alloc_buffer((ROWS,), "int32")  # each row's keys [lo, hi): its whole input
+            hi_b = T.alloc_buffer((ROWS,), "int32")
+            for tile in T.serial((n_q + ROWS - 1) // ROWS):
+                for r in T.serial(ROWS):
+                    rows[r] = (offsets[b] + T.min(tile * ROWS + r, n_q - 1)) * h + hk
+                    lo_b[r] = 0
+                    hi_b[r] = n_q
+                # no history (pages: none, read nowhere): every key is the input's own, row0 on
+                where = T.meta_var((offsets, 0, 0, 0, 0, offsets[b], n_q, hk))
+                attend(
+                    qf,
+                    of,
+                    lf,
+                    rows,
+                    n_q - tile * ROWS,
+                    T.float32(scale * LOG2E),
+                    lo_b,
+                    hi_b,
+                    kf,
+                    kf,
+                    vf,
+                    where,
+                )
+
+    return attention_packed
+
+
 def ragged_unrouted(h_kv: int, h_q: int, d: int, dtype: str = "float32") -> tirx.PrimFunc:
     """In the stock ragged kernel's place: the runtime routes that call to `prefill` (mode 0),
     so this runs only where it was not, and says so rather than attend half the keys."""

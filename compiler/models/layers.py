@@ -19,7 +19,7 @@ from tvm import te, tirx
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
-from ..kernels import device, gated, norm
+from ..kernels import device, encoder_ops, gated, norm
 from ..quant.scheme import Scheme
 from ..sources.base import SourceTensor
 
@@ -235,6 +235,31 @@ class RMSNorm(Weighted):
             out=[Tensor.placeholder(x.shape, "float32"), Tensor.placeholder(x.shape, "float32")],
         )
         return s, y
+
+
+class LayerNorm(Weighted):
+    """(x - mean) / sqrt(var + eps) * w + b over the last axis (the encoders' post-norms);
+    `prefix` names its checkpoint tensors prefix.weight and prefix.bias."""
+
+    def __init__(self, size: int, eps: float, prefix: str):
+        super().__init__()
+        self.sources, self.size, self.eps = (f"{prefix}.weight", f"{prefix}.bias"), size, eps
+        self.weight = nn.Parameter((size,), "float32")
+        self.bias = nn.Parameter((size,), "float32")
+
+    def pack(self, tensors: Mapping[str, SourceTensor]) -> dict[str, np.ndarray]:
+        w, b = (tensors[n].load().reshape(-1).astype(np.float32) for n in self.sources)
+        return {"weight": w, "bias": b}
+
+    def forward(self, x: Tensor) -> Tensor:
+        return op.layer_norm(x, [self.size], self.weight, self.bias, eps=self.eps)
+
+    def add_then_norm(self, x: Tensor, y: Tensor, bias: Bias | None = None) -> Tensor:
+        """LayerNorm(x + y [+ bias]) in one kernel: a post-norm block's residual add, with the
+        sublayer's output bias, before its norm."""
+        kernel = encoder_ops.add_layer_norm(self.size, self.eps, bias is not None)
+        args = [x, y, *([bias.weight] if bias is not None else []), self.weight, self.bias]
+        return op.tensor_ir_op(kernel, "add_layer_norm", args, out=Tensor.placeholder(x.shape, "float32"))
 
 
 class GatedMLP(nn.Module):

@@ -25,3 +25,21 @@ def matmul(out_features: int, in_features: int) -> TeLinear:
 take = tir.take
 layout = None
 transcode = rows = packs_the_float_image
+
+
+class _ManyTokens:
+    """f32 for callers whose every matmul has many tokens (an encoder's whole inputs): the same
+    weights, read by the register-tiled GEMM (kernels/f32.gemm) where k is a multiple of 16."""
+
+    NAME, layout = NAME, None
+    take, pack, param_specs = staticmethod(take), staticmethod(pack), staticmethod(param_specs)
+    transcode = rows = staticmethod(packs_the_float_image)
+
+    @staticmethod
+    def matmul(out_features: int, in_features: int):
+        if in_features % tir.KLANES:
+            return tir.linear
+        return tir.gemm(out_features, in_features)
+
+
+MANY_TOKENS = _ManyTokens()

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
-from goinfer.artifacts.manifest import ModelSpec, Tokens
+from goinfer.artifacts.manifest import Embedding, ModelSpec, Tokens
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,7 @@ class Checkpoint:
     tensors: Mapping[str, SourceTensor]
     source: str  # the path or reference the user gave
     sha256: str  # of the checkpoint file(s)
+    embedding: Embedding | None = None  # an encoder's output; None for a decoder
 
 
 class SourceError(ValueError):

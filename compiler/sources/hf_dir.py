@@ -78,8 +78,12 @@ _VISION_PREFIXES = (
 def load_dir(path: str | Path) -> Checkpoint:
     """Read a Hugging Face checkpoint directory; one we cannot use raises SourceError with a one-line
     reason."""
+    from . import hf_encoder
+
     path = Path(path)
     try:
+        if hf_encoder.is_encoder(_optional_json(path / "config.json", [])):
+            return hf_encoder.load(path)
         return _load(path)
     except SourceError as e:
         raise SourceError(f"{path}: {e}") from None
