@@ -1,0 +1,92 @@
+"""all-MiniLM-L6-v2's bundles against sentence-transformers' own output (slow tier).
+
+The reference is sentence-transformers on torch CPU, run in a throwaway venv that
+bench.reference_venv creates on first use (torch is never the project's dependency: about 40 s
+from the wheels on this machine's disk), over 50 sentences of varied shape (bench.embed_inputs:
+short and long, punctuation, unicode, code; three past 128 tokens, none past its 256). Its vectors
+are computed once and cached, keyed by the sentences, the checkpoint's sha256 and the venv's pins.
+Bars: cosine >= 0.9999 at f32 and >= 0.999 at int8, every sentence; int8int8's is reported.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bench import reference_venv
+from bench.embed_inputs import SENTENCES
+
+pytestmark = pytest.mark.slow
+
+MODEL = "all-minilm-l6-v2"
+MIN_COSINE = {"f32": 0.9999, "int8": 0.999}  # int8int8: reported, not held here
+
+
+@pytest.fixture(scope="module")
+def reference() -> np.ndarray:
+    return reference_venv.embeddings(SENTENCES, MODEL)
+
+
+@pytest.fixture(scope="module")
+def encoders(real_bundle):
+    from goinfer.runtime.encoder import Encoder
+
+    loaded = {}
+
+    def load(quant: str):
+        if quant not in loaded:
+            loaded[quant] = Encoder.load(real_bundle(MODEL, quant))
+        return loaded[quant]
+
+    return load
+
+
+def _cosines(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+    got = got / np.linalg.norm(got, axis=1, keepdims=True)
+    want = want / np.linalg.norm(want, axis=1, keepdims=True)
+    return np.sum(got * want, axis=1)
+
+
+def test_reference_is_sentence_transformers_shape(reference) -> None:
+    assert reference.shape == (len(SENTENCES), 384) and reference.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(reference, axis=1), 1.0, atol=1e-5)
+
+
+def test_tokens_are_the_checkpoint_tokenizers(encoders) -> None:
+    """Our ids are the checkpoint's WordPiece with [CLS] ... [SEP], not cut at the 128 tokens its
+    tokenizer.json declares (sentence-transformers embeds up to 256): a cosine failure below is then
+    the forward's, not the tokenizer's."""
+    from goinfer.compiler.sources import zoo
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(zoo.resolve(MODEL) / "tokenizer.json"))
+    tok.no_truncation()
+    tok.no_padding()
+    enc = encoders("f32")
+    for s in SENTENCES:
+        assert enc.tokenize(s) == tok.encode(s).ids, s
+
+
+@pytest.mark.parametrize("quant", ["f32", "int8", "int8int8"])
+def test_matches_sentence_transformers(quant, encoders, reference, capsys) -> None:
+    enc = encoders(quant)
+    assert enc.dimensions == 384 and enc.pooling == "mean"
+    got = enc.embed(list(SENTENCES))
+    assert got.shape == reference.shape and got.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-4)
+    cos = _cosines(got, reference)
+    worst = int(np.argmin(cos))
+    line = f"{MODEL} {quant}: cosine to sentence-transformers min {cos.min():.6f} mean {cos.mean():.6f}"
+    with capsys.disabled():
+        print(f"\n{line} (worst: {SENTENCES[worst][:40]!r})")
+    if quant in MIN_COSINE:
+        assert cos.min() >= MIN_COSINE[quant], f"{line}; worst sentence {worst}: {SENTENCES[worst]!r}"
+
+
+def test_one_at_a_time_is_the_batch(encoders, reference) -> None:
+    """Packed batching changes nothing: each sentence alone lands where the whole batch put it."""
+    enc = encoders("f32")
+    batch = enc.embed(list(SENTENCES))
+    alone = np.concatenate([enc.embed([s]) for s in SENTENCES])
+    assert _cosines(alone, batch).min() >= 0.99999
+    assert _cosines(alone, reference).min() >= MIN_COSINE["f32"]
