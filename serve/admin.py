@@ -52,7 +52,7 @@ async def load(request: web.Request) -> web.Response:
     if loader is None:
         raise APIError(503, "this server was started without a model loader", code="no_loader")
     name = req.name or Path(req.path).stem
-    if name in reg.slots or name in reg.loading:
+    if name in reg.slots or name in reg.encoders or name in reg.loading:
         raise bad_request(f"model {name!r} is already loaded or loading; unload it first", param="name")
     reg.loading.add(name)
     try:

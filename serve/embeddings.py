@@ -194,7 +194,8 @@ async def embeddings(request: web.Request) -> web.Response:
     tokens = sum(map(len, ids))
     args = (vectors, slot.name, tokens, req.encoding_format, task, cut if req.truncate else None)
     body = await loop.run_in_executor(None, reply_body, *args)
-    headers = {TASK_HEADER: task_header(task)}
+    # a page allowed by --cors-origin may read which prompt was applied, as a script can
+    headers = {TASK_HEADER: task_header(task), "Access-Control-Expose-Headers": TASK_HEADER}
     return web.Response(body=body, content_type="application/json", headers=headers)
 
 

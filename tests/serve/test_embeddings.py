@@ -299,6 +299,26 @@ async def test_a_decoder_alone_says_no_encoder_is_served(aiohttp_client):
     assert listing["data"][0]["kind"] == "chat"
 
 
+async def test_admin_cannot_load_a_chat_model_under_an_encoders_name(aiohttp_client):
+    app = create_app(
+        {}, ServeConfig(**FAST, allow_admin=True), lambda n, p, q: ScriptedEngine(), {"enc": FakeEncoder()}
+    )
+    client = await aiohttp_client(app)
+    err = await refused(client, {"name": "enc", "path": "x.giw"}, param="name", route="/admin/models/load")
+    assert "already loaded" in err["message"]
+    resp = await client.post("/admin/models/load", json={"name": "chat", "path": "x.giw"})
+    assert resp.status == 200 and (await resp.json())["loaded"]["kind"] == "chat"
+    assert (await embed(client, input="hi"))["model"] == "enc"
+
+
+async def test_a_page_allowed_by_cors_origin_may_read_the_task_header(aiohttp_client):
+    client = await client_for(aiohttp_client, cors_origins=("http://app.example",))
+    resp = await client.post("/v1/embeddings", json={"input": "hi"}, headers={"Origin": "http://app.example"})
+    assert resp.status == 200
+    assert resp.headers["Access-Control-Allow-Origin"] == "http://app.example"
+    assert resp.headers["Access-Control-Expose-Headers"] == "X-Goinfer-Embedding-Task"
+
+
 # -- the queue and its batching ----------------------------------------------------------------------------
 async def until(cond, timeout: float = 5.0) -> None:
     for _ in range(int(timeout / 0.005)):
@@ -591,3 +611,38 @@ async def test_serve_refuses_embedding_models_before_loading(fake_loader, tmp_pa
         _run("serve", "--embed-model", "e=broken.giw"), "--embed-model e=broken.giw: bundle is truncated"
     )
     _one_line_error(_run("serve", "--embed-model", "e.giw", "--embed-quant", "int4"), "--embed-quant")
+
+
+# -- the real encoder ----------------------------------------------------------------------------------------
+@pytest.mark.slow
+async def test_minilm_served_batched_equals_alone(aiohttp_client):
+    """all-MiniLM-L6-v2 (the zoo's, built f32 once into the cache) through the route: 16 concurrent
+    requests, gathered into shared forwards, give each input the bits it gets alone."""
+    from goinfer.cli.embed import load_encoder
+
+    enc = load_encoder("all-minilm-l6-v2", "f32", self_test=True)
+    texts = [f"sentence {i} about {'cats' if i % 2 else 'databases'} " * (1 + i % 7) for i in range(64)]
+    lone = enc.embed(texts)  # before the server's worker owns it
+    cli = _run("embed", "all-minilm-l6-v2", texts[5])
+    assert cli.exit_code == 0, cli.output
+    np.testing.assert_array_equal(
+        np.array(json.loads(cli.stdout)["data"][0]["embedding"], np.float32), lone[5]
+    )
+
+    client = await client_for(aiohttp_client, {"minilm": enc})
+    posts = [client.post("/v1/embeddings", json={"input": texts[i : i + 4]}) for i in range(0, 64, 4)]
+    bodies = [await r.json() for r in await asyncio.gather(*posts)]
+    np.testing.assert_array_equal(np.concatenate([vectors(b) for b in bodies]), lone)
+    assert sum(b["usage"]["prompt_tokens"] for b in bodies) == sum(len(enc.tokenize(t)) for t in texts)
+    entry = (await (await client.get("/v1/models")).json())["data"][0]
+    assert (entry["kind"], entry["dimensions"], entry["max_tokens"], entry["pooling"]) == (
+        "embedding",
+        384,
+        512,
+        "mean",
+    )
+    long = "word " * 600
+    err = await refused(client, {"input": ["ok", long]}, param="input")
+    assert "input[1]" in err["message"] and "512" in err["message"]
+    cut = await embed(client, input=["ok", long], truncate=True, encoding_format="base64")
+    assert cut["goinfer_truncated"] == [1] and cut["usage"]["prompt_tokens"] == len(enc.tokenize("ok")) + 512
