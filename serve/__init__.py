@@ -6,4 +6,7 @@ for Anthropic, responses.py), which spells the request as a Job -> pipeline.py (
 the compiled constraint, the plan) -> registry.py (the model's queue and worker thread) ->
 Engine.generate (model_engine.py), the one call into the runtime -> events.py, tools/stream.py,
 confidence.py (the reply) -> events.py again (the API's events: SSE, or the folded JSON reply).
+
+An embedding request takes its own path: embeddings.py (inputs, prompt, ids) -> embed_queue.py
+(the encoder's own queue and worker thread, batching across requests) -> Embedder.embed_ids.
 """
