@@ -288,7 +288,7 @@ def _compile(
 
     compiled = {}
     for tier, tgt in cpu_tiers:
-        found = compile_cache.lookup(model.kv_dtype, spec, schemes, tgt)
+        found = compile_cache.lookup(model.graph_variant, spec, schemes, tgt)
         state = "compiled before" if found is not None else "compiling"
         progress(f"[3/6] llvm tier {tier} ({tgt['mcpu']}, {tgt['num-cores']} cores): {state}")
         if found is not None:
@@ -302,7 +302,7 @@ def _compile(
         funcs = selftest.kernels(cases) if st_todo else {}
         st_jobs = {tier: pool.submit(selftest.compile_kernels, funcs, tgt) for tier, tgt in st_todo}
         cpu_graph = _export(model, None, progress) if todo else None  # once, for every tier
-        compile_tier = functools.partial(compile_cache.compile_model, cpu_graph, model.kv_dtype)
+        compile_tier = functools.partial(compile_cache.compile_model, cpu_graph, model.graph_variant)
         jobs = {tier: pool.submit(compile_tier, spec, schemes, tgt, progress) for tier, tgt in todo}
         for tier, job in jobs.items():
             compiled[tier] = job.result()
@@ -311,10 +311,10 @@ def _compile(
             selftest.store_library(layouts, tgt, st_libs[tier])
     for kind, (arch, tgt) in gpu_tiers.items():
         progress(f"[3/6] compiling for {kind}{' ' + arch if kind == 'cuda' else ''}")
-        found = compile_cache.lookup(model.kv_dtype, spec, schemes, tgt, progress)
+        found = compile_cache.lookup(model.graph_variant, spec, schemes, tgt, progress)
         graph = _export(model, targets.make_target(tgt), progress) if found is None else None
         compiled[kind] = found or compile_cache.compile_model(
-            graph, model.kv_dtype, spec, schemes, tgt, progress
+            graph, model.graph_variant, spec, schemes, tgt, progress
         )
     return compiled, st_libs
 

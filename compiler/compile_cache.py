@@ -1,8 +1,8 @@
 """Lower a model to a compiled library, or reuse the one compiled before for the same graph.
 
 The cache key is everything the compiled code depends on: the spec, the scheme of every weight,
-the KV cache's dtype, the target, the TVM version and the source that generates code
-(fingerprint.codegen_fingerprint).
+the graph's variant (a decoder's KV cache dtype, an encoder's pooling), the target, the TVM
+version and the source that generates code (fingerprint.codegen_fingerprint).
 `lookup` asks first (a hit needs no export); on a miss the build exports the graph and
 `compile_model` compiles it.
 """
@@ -59,11 +59,11 @@ def tiers_for(
 Graph = tuple[Any, list[tuple[str, Any]]]  # an exported Relax module and its (name, parameter) list
 
 
-def _key(kv_dtype: str, spec: ModelSpec, schemes: dict[str, str], target: dict) -> str:
+def _key(variant: str, spec: ModelSpec, schemes: dict[str, str], target: dict) -> str:
     key_src = {
         "spec": spec.to_json(),
         "schemes": schemes,
-        "kv_dtype": kv_dtype,
+        "variant": variant,
         "target": target,
         "tvm": targets.TVM_VERSION,
         "code": codegen_fingerprint(),
@@ -78,14 +78,14 @@ def _files(entry: Path, target: dict) -> tuple[Path, Path, Path, Path]:
 
 
 def lookup(
-    kv_dtype: str,
+    variant: str,
     spec: ModelSpec,
     schemes: dict[str, str],
     target: dict,
     progress: Callable[[str], None] | None = None,
 ) -> Compiled | None:
     """The module compiled before for this graph and target, or None: no export, no compile."""
-    key = _key(kv_dtype, spec, schemes, target)
+    key = _key(variant, spec, schemes, target)
     lib, names, kernels, kernels_meta = _files(cache_dir() / key, target)
     gpu_kernels = target["kind"] == "cuda"
     if not (lib.is_file() and names.is_file() and (not gpu_kernels or kernels_meta.is_file())):
@@ -99,7 +99,7 @@ def lookup(
 
 def compile_model(
     graph: Graph,
-    kv_dtype: str,
+    variant: str,
     spec: ModelSpec,
     schemes: dict[str, str],
     target: dict,
@@ -107,7 +107,7 @@ def compile_model(
 ) -> Compiled:
     """`graph` (exported for `target`'s kind) compiled for `target`, and cached. Several targets
     may compile at once on threads: TVM's passes and LLVM release the GIL."""
-    key = _key(kv_dtype, spec, schemes, target)
+    key = _key(variant, spec, schemes, target)
     entry = cache_dir() / key
     lib, names, kernels, kernels_meta = _files(entry, target)
     gpu_kernels = target["kind"] == "cuda"

@@ -27,6 +27,27 @@ def kernel(hidden: int, mode: str) -> tirx.PrimFunc:
     if mode not in POOLINGS:
         raise ValueError(f"pooling {mode!r}: choose one of {', '.join(POOLINGS)}")
 
+    @T.macro
+    def mean(x, acc, lo, hi):
+        for t in T.serial(hi - lo):
+            for c in T.vectorized(hidden):
+                acc[c] = acc[c] + x[lo + t, c]
+        for c in T.vectorized(hidden):
+            acc[c] = acc[c] / T.Cast("float32", T.max(hi - lo, 1))
+
+    @T.macro
+    def first(x, acc, lo, hi):
+        for c in T.vectorized(hidden):
+            acc[c] = x[lo, c]
+
+    @T.macro
+    def last(x, acc, lo, hi):
+        for c in T.vectorized(hidden):
+            acc[c] = x[hi - 1, c]
+
+    # chosen here: a Python `if mode == ...` inside the TVMScript kept only its first branch
+    reduce = {"mean": mean, "cls": first, "last": last}[mode]
+
     @T.prim_func(private=True)
     def pool(var_x: T.handle, var_offsets: T.handle, var_out: T.handle):
         T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
@@ -41,18 +62,7 @@ def kernel(hidden: int, mode: str) -> tirx.PrimFunc:
             hi = T.Bind(T.Cast("int64", offsets[b + 1]))
             for c in T.serial(hidden):
                 acc[c] = T.float32(0)
-            if mode == "mean":
-                for t in T.serial(hi - lo):
-                    for c in T.vectorized(hidden):
-                        acc[c] = acc[c] + x[lo + t, c]
-                for c in T.vectorized(hidden):
-                    acc[c] = acc[c] / T.Cast("float32", T.max(hi - lo, 1))
-            elif mode == "cls":
-                for c in T.vectorized(hidden):
-                    acc[c] = x[lo, c]
-            else:
-                for c in T.vectorized(hidden):
-                    acc[c] = x[hi - 1, c]
+            reduce(x, acc, lo, hi)
             sq[0] = T.float32(0)
             for c in T.serial(hidden):
                 sq[0] = sq[0] + acc[c] * acc[c]

@@ -88,6 +88,7 @@ class CausalLM(nn.Module):
     ):
         super().__init__()
         self.spec, self.target, self.kv_dtype = spec, target, kv_dtype
+        self.graph_variant = kv_dtype  # beside the spec, what the compile cache keys on
         emb = "token_embd.weight"
         self.embed_tokens = QLinear(pick([tensors[emb]]), spec.hidden_size, spec.vocab_size, (emb,))
         self.layers = nn.ModuleList([layer_cls(spec, i, pick, tensors) for i in range(spec.num_layers)])

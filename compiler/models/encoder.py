@@ -106,7 +106,7 @@ class Encoder(nn.Module):
     ):
         super().__init__()
         self.spec, self.target, self.pooling = spec, target, pooling_mode
-        self.kv_dtype = ""  # no KV cache: the compile cache keys an encoder's module without one
+        self.graph_variant = f"pooling:{pooling_mode}"  # beside the spec, what the compile cache keys on
         d = spec.hidden_size
         self.tokens = Table(spec.vocab_size, d, "token_embd.weight", fold="token_types.weight")
         self.positions = (
