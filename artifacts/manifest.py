@@ -34,6 +34,12 @@ ENTRY_POINTS = ENTRY_POINTS_OF["decoder"]
 # How an encoder turns its last hidden states into one vector (sentence-transformers' pooling
 # modes we build): the mean over the input's tokens, its first token, or its last.
 POOLINGS = ("mean", "cls", "last")
+# The quant modes an encoder builds in (compiler/quant): its float weights as they are, or GGUF's
+# Q8_0 blocks (group-32 scales on weights and activations). all-MiniLM-L6-v2's vectors against
+# f32's, min cosine over varied inputs: q8_0 0.9993; int8 (a scale per row, float activations)
+# 0.9988; int8int8 (a scale per row and per token) 0.992: below the 0.999 an embedding is held
+# to, so those are not offered.
+ENCODER_QUANTS = ("f32", "q8_0")
 # The KV cache dtypes a bundle may be built with (the compiler's BuildOptions.kv_dtype).
 KV_DTYPES = ("float16", "float32")
 # The pages' element type unless a build asks otherwise: float16 halves the bytes a decode step

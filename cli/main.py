@@ -50,7 +50,7 @@ def main() -> None:
     "--quant",
     BuildOptions,
     "quant",
-    "gguf (the checkpoint's own blocks, value-exact) | int4 | int8int8 | int8 | int4mix | f32",
+    "gguf (the checkpoint's own blocks, value-exact) | int4 | int8int8 | int8 | int4mix | f32 | q8_0",
 )
 @options.kv_dtype
 @click.option("-o", "--output", default=None, help="the .giw file to write [default: beside SOURCE]")

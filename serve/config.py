@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
+from goinfer.artifacts.manifest import ENCODER_QUANTS
 from goinfer.runtime.config import SchedulerConfig
 
 MiB = 1 << 20
@@ -77,7 +78,7 @@ class EmbeddingsConfig:
     max_inputs: int = 2048  # inputs a request (OpenAI's limit)
 
 
-EMBED_QUANTS = ("f32", "int8", "int8int8")
+EMBED_QUANTS = ENCODER_QUANTS  # f32 | q8_0: the modes the compiler builds encoders in
 INPUT_TYPES = ("query", "document")  # the Cohere/Voyage convention; document is the default
 
 

@@ -9,17 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from goinfer.artifacts.manifest import ENCODER_QUANTS
+
 from ..sources.base import SourceTensor
 from . import f32, gguf, int4, int8, int8int8, q8_0
 from .scheme import Scheme
 
 SCHEMES: dict[str, Scheme] = {m.NAME: m for m in (f32, int8, int8int8, int4, q8_0)}
 QUANT_MODES = ("gguf", *SCHEMES, "int4mix")
-# The modes an encoder builds in: its float weights as they are, or GGUF's Q8_0 blocks (group-32
-# scales on weights and activations). all-MiniLM-L6-v2's vectors against f32's, min cosine over
-# varied inputs: q8_0 0.9993; int8 (a scale per row, float activations) 0.9988; int8int8 (a scale
-# per row and per token) 0.992: below the 0.999 an embedding is held to, so not offered.
-ENCODER_MODES = ("f32", "q8_0")
+ENCODER_MODES = ENCODER_QUANTS  # the modes an encoder builds in (artifacts/manifest.py says why)
 _FLOAT = frozenset({"F32", "F16", "BF16"})
 
 

@@ -561,11 +561,11 @@ async def test_goinfer_embed_prints_the_vectors_as_json(fake_loader):
     assert [d["index"] for d in out["data"]] == [0, 1]
     assert out["usage"]["prompt_tokens"] == sum(len("search_query: " + t) + 2 for t in ("a query", "another"))
 
-    piped = _run("embed", "nomic.giw", "--no-selftest", "--quant", "int8", stdin="one\n\n  \ntwo words\n")
+    piped = _run("embed", "nomic.giw", "--no-selftest", "--quant", "q8_0", stdin="one\n\n  \ntwo words\n")
     assert piped.exit_code == 0, piped.output
     out = json.loads(piped.stdout)
     assert len(out["data"]) == 2 and out["dimensions"] == 16 and out["task"]["name"] == "document"
-    assert fake_loader[-1][1:3] == ("int8", False)
+    assert fake_loader[-1][1:3] == ("q8_0", False)
 
     cut = _run("embed", "nomic.giw", "x" * 100, "--truncate")
     assert cut.exit_code == 0 and json.loads(cut.stdout)["truncated"] == [0]
@@ -588,11 +588,11 @@ async def test_goinfer_embed_names_a_missing_bundle():
 async def test_serve_with_an_embedding_model_alone(fake_loader, monkeypatch, aiohttp_client):
     got: dict[str, Any] = {}
     monkeypatch.setattr(server, "run", lambda app, config, ctx: got.update(app=app, config=config))
-    result = _run("serve", "--embed-model", "models/nomic.giw", "--embed-quant", "int8", "--no-selftest")
+    result = _run("serve", "--embed-model", "models/nomic.giw", "--embed-quant", "q8_0", "--no-selftest")
     assert result.exit_code == 0, result.output
     app, config = got["app"], got["config"]
     assert set(app[REGISTRY].encoders) == {"nomic"} and not app[REGISTRY].slots  # no default chat model
-    assert config.embeddings.quant == "int8" and fake_loader[-1][1:3] == ("int8", False)
+    assert config.embeddings.quant == "q8_0" and fake_loader[-1][1:3] == ("q8_0", False)
     out = result.stdout
     assert "embedding model nomic: 16 dimensions, 64 tokens an input, mean pooling" in out
     assert "prompts: query 'search_query: ', document 'search_document: '" in out
