@@ -21,6 +21,8 @@ from .base import SourceError
 
 # config.json model_type -> our family (compiler/models registry key).
 MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "gemma3_text": "gemma3", "gemma3": "gemma3"}
+# The encoders' (read by hf_encoder.py, not by read_config).
+ENCODER_TYPES = {"bert": "bert", "nomic_bert": "nomic_bert"}
 
 # The transformers config classes' defaults for keys a config.json may leave out. Gemma 3's
 # multimodal checkpoints rely on them: their text_config holds little beyond the sizes.
@@ -63,11 +65,10 @@ class TextConfig:
 def family_of(config: Mapping[str, Any]) -> str:
     """Our family for a config.json, or a SourceError naming the model types we support."""
     model_type = config.get("model_type")
-    if model_type not in MODEL_TYPES:
-        raise SourceError(
-            f"unsupported model_type {model_type!r}; supported: {', '.join(sorted(MODEL_TYPES))}"
-        )
-    return MODEL_TYPES[model_type]
+    known = MODEL_TYPES | ENCODER_TYPES
+    if model_type not in known:
+        raise SourceError(f"unsupported model_type {model_type!r}; supported: {', '.join(sorted(known))}")
+    return known[model_type]
 
 
 def read_config(config: Mapping[str, Any]) -> TextConfig:

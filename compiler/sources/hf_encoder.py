@@ -24,9 +24,9 @@ from tokenizers import Tokenizer
 
 from . import hf_dir
 from .base import Checkpoint, SourceError
+from .hf_config import ENCODER_TYPES
 
-# config.json model_type -> our family (compiler/models/<family>.py).
-MODEL_TYPES = {"bert": "bert", "nomic_bert": "nomic_bert"}
+MODEL_TYPES = ENCODER_TYPES  # config.json model_type -> our family (compiler/models/<family>.py)
 
 # HF module names -> GGUF's, globally and inside a layer ("blk.N.").
 _BERT_GLOBAL = {

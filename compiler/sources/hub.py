@@ -84,7 +84,12 @@ SIDE_FILES = (
     "chat_template.json",
     "special_tokens_map.json",
     "preprocessor_config.json",
+    # sentence-transformers' (an encoder's pooling and task prompts; hf_encoder.py)
+    "modules.json",
+    "config_sentence_transformers.json",
+    "sentence_bert_config.json",
 )
+_POOLING_CONFIG = re.compile(r"\d+_Pooling/config\.json")  # the Pooling module's, named in modules.json
 Q4_BITS = 4.5  # bits per weight of "a GGUF q4" (q4_0 / q4_K_S-like), for the full-precision estimate
 DTYPE_BYTES = {"float32": 4, "F32": 4, "float16": 2, "F16": 2, "bfloat16": 2, "BF16": 2}
 FULL_PRECISION_QUANTS = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
@@ -353,6 +358,7 @@ def _plan_safetensors(ref: HubRef, info: _RepoInfo) -> Plan:
             f"{ref}: {ref.repo_id} has neither model.safetensors nor model.safetensors.index.json"
         )
     names = ["config.json", *(n for n in SIDE_FILES if n in sibs)]
+    names += sorted(n for n in sibs if _POOLING_CONFIG.fullmatch(n))
     names += [n for n in ("model.safetensors.index.json",) if n in sibs and n not in weights]
     files = tuple(_plan_file(ref, sibs[n]) for n in [*names, *weights])
     note = _safetensors_note(ref, config, files, info.params)

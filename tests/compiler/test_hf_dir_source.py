@@ -192,14 +192,17 @@ def test_tied_head_stored_anyway(hf_dir) -> None:
 
 
 def test_family_of() -> None:
-    assert [family_of({"model_type": t}) for t in ("llama", "qwen2", "gemma3_text", "gemma3")] == [
+    types = ("llama", "qwen2", "gemma3_text", "gemma3", "bert", "nomic_bert")
+    assert [family_of({"model_type": t}) for t in types] == [
         "llama",
         "qwen2",
         "gemma3",
         "gemma3",
+        "bert",
+        "nomic_bert",
     ]
     with pytest.raises(
-        SourceError, match=r"unsupported model_type 'mistral'; supported: gemma3, gemma3_text"
+        SourceError, match=r"unsupported model_type 'mistral'; supported: bert, gemma3, gemma3_text"
     ):
         family_of({"model_type": "mistral"})
 
@@ -225,7 +228,11 @@ def test_unsupported_model_type_before_any_weight(hf_dir) -> None:
     d = hf_dir("llama")
     _edit_json(d / "config.json", model_type="mistral")
     (d / "model.safetensors").write_bytes(b"not read")
-    _refused(d, "unsupported model_type 'mistral'", "supported: gemma3, gemma3_text, llama, qwen2")
+    _refused(
+        d,
+        "unsupported model_type 'mistral'",
+        "supported: bert, gemma3, gemma3_text, llama, nomic_bert, qwen2",
+    )
 
 
 def test_missing_shard(hf_dir) -> None:

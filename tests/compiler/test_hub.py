@@ -413,3 +413,36 @@ def test_fake_hub_serves_huggingface_hub_downloads(server: HubServer, tmp_path: 
         )
         assert Path(got).read_bytes() == REPOS["o/gguf"][name]
     assert server.hits("Model-Q4_K_M.gguf", "HEAD")[0].status == 302
+
+
+def _tiny_encoder_repo() -> dict[str, bytes]:
+    """A tiny nomic_bert sentence-transformers repo (tests/tiny_encoder.py), as files."""
+    import tempfile
+
+    from tiny_encoder import write_tiny_encoder
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = write_tiny_encoder(Path(tmp) / "enc", "nomic_bert", pooling="cls")
+        files = {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    return files | {"README.md": b"# an embedding model\n", "onnx/model.onnx": _blob("onnx", 3_000)}
+
+
+def test_pull_an_encoder_with_its_pooling_and_prompts(env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """hf:...:safetensors of an encoder brings sentence-transformers' files with the weights: the
+    Pooling module's config (in its folder) and the task prompts, which the build reads."""
+    from goinfer.compiler.sources import load_checkpoint
+    from tiny_encoder import PROMPTS
+
+    repo = _tiny_encoder_repo()
+    srv = HubServer({"o/enc": repo}).start()
+    monkeypatch.setenv("HF_ENDPOINT", srv.url)
+    try:
+        out = _pull("hf:o/enc:safetensors")
+    finally:
+        srv.stop()
+    fetched = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+    assert fetched == {n for n in repo if n not in ("README.md", "onnx/model.onnx")} | {".goinfer-pull.json"}
+    assert json.loads((out / ".goinfer-pull.json").read_text())["family"] == "nomic_bert"
+    ckpt = load_checkpoint("hf:o/enc:safetensors")
+    assert ckpt.spec.family == "nomic_bert" and ckpt.embedding.pooling == "cls"
+    assert dict(ckpt.embedding.prompts) == PROMPTS and ckpt.source == "hf:o/enc:safetensors"
