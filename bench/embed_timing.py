@@ -5,9 +5,13 @@ goinfer: only this file's folder, as the `bench` package, is imported there), ll
 in the bench's own process. Each call is timed text in, vectors out, tokenizing included.
 
 A worker (ours, sentence-transformers) loads its model, writes the vectors of the batch and the
-query, prints one JSON line about itself, then answers one line per command on stdin: "batch" or
-"query" runs that call once and prints {"s": seconds}; "quit" (or EOF) ends it. The bench steps
-every worker in turn, a call at a time, so drift on a shared machine falls on all of them alike.
+query, prints one JSON line about itself, then answers one line per command on stdin:
+  batch     the batch once, after SETTLE_S idle: {"s": seconds}
+  query     the query once, after SETTLE_S idle: {"s": seconds}
+  burst N   after SETTLE_S idle, one untimed query, then N back to back: {"s": [seconds, ...]}
+  quit      (or EOF) ends it.
+The bench steps the workers in turn, a call or a burst at a time, so drift on a shared machine falls
+on all of them alike.
 """
 
 from __future__ import annotations
@@ -24,21 +28,31 @@ Embed = Callable[[list[str]], Any]
 SETTLE_S = 0.25
 
 
-def timed(embed: Embed, texts: Sequence[str]) -> float:
-    time.sleep(SETTLE_S)
+def timed(embed: Embed, texts: Sequence[str], settle: bool = True) -> float:
+    if settle:
+        time.sleep(SETTLE_S)
     t = time.perf_counter()
     embed(list(texts))
     return time.perf_counter() - t
+
+
+def burst(embed: Embed, query: str, n: int) -> list[float]:
+    """Queries back to back: the first, after the settle, wakes the thread pool and is not kept."""
+    timed(embed, [query])
+    return [timed(embed, [query], settle=False) for _ in range(n)]
 
 
 def serve(embed: Embed, batch: Sequence[str], query: str, meta: dict[str, Any]) -> None:
     """The worker's loop (see the module docstring); `meta` is its first line."""
     print(json.dumps(meta), flush=True)
     for line in sys.stdin:
-        cmd = line.strip()
+        if not line.strip():
+            continue
+        cmd, *args = line.split()
         if cmd == "quit":
             break
-        if cmd not in ("batch", "query"):
-            print(json.dumps({"error": f"unknown command {cmd!r}"}), flush=True)
-            continue
-        print(json.dumps({"s": timed(embed, batch if cmd == "batch" else [query])}), flush=True)
+        if cmd == "burst":
+            out: float | list[float] = burst(embed, query, int(args[0]))
+        else:
+            out = timed(embed, batch if cmd == "batch" else [query])
+        print(json.dumps({"s": out}), flush=True)

@@ -5,13 +5,15 @@ bench.reference_venv creates on first use (torch is never the project's dependen
 from the wheels on this machine's disk), over 50 sentences of varied shape (bench.embed_inputs:
 short and long, punctuation, unicode, code; three past 128 tokens, none past its 256). Its vectors
 are computed once and cached, keyed by the sentences, the checkpoint's sha256 and the venv's pins.
-Bars: cosine >= 0.9999 at f32 and >= 0.999 at int8, every sentence; int8int8's is reported.
+Bars, every sentence: cosine >= 0.9999 at f32, >= 0.999 in the compiler's other encoder modes
+(quant.ENCODER_MODES: q8_0; it declines int8 and int8int8 for encoders, at 0.9988 and 0.992 to f32).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from goinfer.compiler.quant import ENCODER_MODES
 
 from bench import reference_venv
 from bench.embed_inputs import SENTENCES
@@ -19,7 +21,7 @@ from bench.embed_inputs import SENTENCES
 pytestmark = pytest.mark.slow
 
 MODEL = "all-minilm-l6-v2"
-MIN_COSINE = {"f32": 0.9999, "int8": 0.999}  # int8int8: reported, not held here
+F32_COSINE, QUANT_COSINE = 0.9999, 0.999
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +69,7 @@ def test_tokens_are_the_checkpoint_tokenizers(encoders) -> None:
         assert enc.tokenize(s) == tok.encode(s).ids, s
 
 
-@pytest.mark.parametrize("quant", ["f32", "int8", "int8int8"])
+@pytest.mark.parametrize("quant", ENCODER_MODES)
 def test_matches_sentence_transformers(quant, encoders, reference, capsys) -> None:
     enc = encoders(quant)
     assert enc.dimensions == 384 and enc.pooling == "mean"
@@ -79,8 +81,8 @@ def test_matches_sentence_transformers(quant, encoders, reference, capsys) -> No
     line = f"{MODEL} {quant}: cosine to sentence-transformers min {cos.min():.6f} mean {cos.mean():.6f}"
     with capsys.disabled():
         print(f"\n{line} (worst: {SENTENCES[worst][:40]!r})")
-    if quant in MIN_COSINE:
-        assert cos.min() >= MIN_COSINE[quant], f"{line}; worst sentence {worst}: {SENTENCES[worst]!r}"
+    bar = F32_COSINE if quant == "f32" else QUANT_COSINE
+    assert cos.min() >= bar, f"{line}; worst sentence {worst}: {SENTENCES[worst]!r}"
 
 
 def test_one_at_a_time_is_the_batch(encoders, reference) -> None:
@@ -89,4 +91,4 @@ def test_one_at_a_time_is_the_batch(encoders, reference) -> None:
     batch = enc.embed(list(SENTENCES))
     alone = np.concatenate([enc.embed([s]) for s in SENTENCES])
     assert _cosines(alone, batch).min() >= 0.99999
-    assert _cosines(alone, reference).min() >= MIN_COSINE["f32"]
+    assert _cosines(alone, reference).min() >= F32_COSINE
