@@ -5,7 +5,7 @@
     python -m bench.embed --quants q8_0 --peers st,llama-f32
 
 The model is all-MiniLM-L6-v2 (the zoo's Hugging Face folder). Ours: its bundles in every mode the
-compiler offers an encoder (quant.ENCODER_MODES: f32 and q8_0), built on first use and cached
+compiler offers an encoder (artifacts.manifest.ENCODER_QUANTS: f32, q8_0), built on first use and cached
 (bench.run's `_ensure_bundle`), run by goinfer.runtime.encoder.Encoder in a worker process
 (bench.embed_engine) with TVM_NUM_THREADS = --threads. sentence-transformers: torch CPU in the
 reference venv (bench.reference_venv, created on first use), torch.set_num_threads(--threads), one
@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
-from goinfer.compiler.quant import ENCODER_MODES
+from goinfer.artifacts.manifest import ENCODER_QUANTS
 
 from bench import embed_inputs, embed_llama, llama_cpp, reference_venv
 from bench.embed_timing import burst, timed
@@ -170,7 +170,7 @@ def start(a: argparse.Namespace, stack: ExitStack, batch: list[str], query: str,
     texts = tmp / "texts.json"
     texts.write_text(json.dumps(batch))
     runners: list[Runner] = []
-    quants = parse_list(a.quants, ENCODER_MODES, "quant") if a.quants else []
+    quants = parse_list(a.quants, ENCODER_QUANTS, "quant") if a.quants else []
     for quant in quants:
         bundle = _ensure_bundle(model_dir, quant)
         out = tmp / f"ours-{quant}.npy"
@@ -300,7 +300,7 @@ def targets(rows: list[dict[str, Any]]) -> list[tuple[bool, str]]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.embed", description=__doc__.splitlines()[0])
-    modes = ",".join(ENCODER_MODES)
+    modes = ",".join(ENCODER_QUANTS)
     ap.add_argument("--quants", default=modes, help=f"ours: a subset of {modes} (or '')")
     ap.add_argument("--peers", default=",".join(PEERS), help="a subset of st,llama-f32,llama-q8_0 (or '')")
     ap.add_argument("--threads", type=int, default=2)

@@ -6,14 +6,14 @@ from the wheels on this machine's disk), over 50 sentences of varied shape (benc
 short and long, punctuation, unicode, code; three past 128 tokens, none past its 256). Its vectors
 are computed once and cached, keyed by the sentences, the checkpoint's sha256 and the venv's pins.
 Bars, every sentence: cosine >= 0.9999 at f32, >= 0.999 in the compiler's other encoder modes
-(quant.ENCODER_MODES: q8_0; it declines int8 and int8int8 for encoders, at 0.9988 and 0.992 to f32).
+(artifacts.manifest.ENCODER_QUANTS: q8_0; int8 and int8int8 are declined, at 0.9988 and 0.992 to f32).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from goinfer.compiler.quant import ENCODER_MODES
+from goinfer.artifacts.manifest import ENCODER_QUANTS
 
 from bench import reference_venv
 from bench.embed_inputs import SENTENCES
@@ -69,7 +69,7 @@ def test_tokens_are_the_checkpoint_tokenizers(encoders) -> None:
         assert enc.tokenize(s) == tok.encode(s).ids, s
 
 
-@pytest.mark.parametrize("quant", ENCODER_MODES)
+@pytest.mark.parametrize("quant", ENCODER_QUANTS)
 def test_matches_sentence_transformers(quant, encoders, reference, capsys) -> None:
     enc = encoders(quant)
     assert enc.dimensions == 384 and enc.pooling == "mean"
