@@ -108,8 +108,11 @@ class Worker:
 
     def close(self) -> None:
         if self.proc.poll() is None and self.proc.stdin is not None:
-            self.proc.stdin.write("quit\n")
-            self.proc.stdin.close()
+            try:
+                self.proc.stdin.write("quit\n")
+                self.proc.stdin.close()
+            except OSError:  # it died on its own: wait() collects it
+                pass
         try:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
@@ -134,7 +137,7 @@ class LlamaRunner:
         return burst(self.client.embed, self.query, n)
 
 
-def _tokenizer(model_dir: Path):
+def _tokenizer(model_dir: Path) -> embed_inputs.Tokenize:
     """The checkpoint's WordPiece as text -> ids with [CLS] and [SEP], without the 128-token
     truncation and fixed padding that its tokenizer.json declares: only to size the inputs."""
     from tokenizers import Tokenizer
