@@ -130,7 +130,8 @@ class Encoder:
         return out
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
-        return self.embed_ids([self.tokenize(t) for t in texts])
+        encodings = self.tokenizer.encode_batch(list(texts), add_special_tokens=True)  # threads in Rust
+        return self.embed_ids([e.ids for e in encodings])
 
     def _forwards(self, lengths: list[int]) -> list[tuple[int, int]]:
         """Consecutive runs of inputs, each at most max_batch_tokens tokens (one input may fill
