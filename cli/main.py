@@ -21,6 +21,7 @@ from goinfer.serve.config import DECISIONS_TEMPLATES, SamplingDefaults, ServeCon
 
 from . import embed as embed_cli
 from . import options
+from .chat import chat
 from .check import check
 from .embed import embed, embed_quant
 from .errors import OneLineErrors, fail, user_errors
@@ -469,6 +470,7 @@ def inspect(bundle: str, as_json: bool, verify: bool) -> None:
 main.add_command(zoo)
 main.add_command(embed)
 main.add_command(check)
+main.add_command(chat)
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,557 @@
+"""`goinfer chat MODEL`: a conversation in the terminal on the runtime, no server.
+
+Three ways in, one command:
+- no PROMPT: an interactive REPL. Replies stream as they are sampled; turns run through the same
+  scheduler the server uses (runtime/scheduler.py), whose KV pool keeps the conversation warm, so
+  a turn prefills only what is new since the last one (its time to first token stays flat as the
+  chat grows). History is kept within the context window: the oldest turns go, with a notice.
+- PROMPT (or, with --json / --schema, stdin): one answer, then exit. --json / --schema constrain it
+  to JSON through the runtime's grammar (runtime/grammar.py), as the server's response_format does.
+- --batch IN.jsonl -o OUT.jsonl: a batch file, run by goinfer.cli.batch_run.
+
+The imports of the runtime's heavy parts (TVM, the scheduler) are inside the functions: `goinfer
+--help` stays fast.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import click
+from click.core import ParameterSource
+from goinfer.compiler.build import BuildOptions
+from goinfer.runtime.config import SchedulerConfig
+from goinfer.runtime.sampler import SamplingParams
+
+from . import options
+from .errors import fail, user_errors
+from .options import KV_DTYPES, knob
+
+PROMPT, MORE = ">>> ", "... "
+CONTINUE = "\\"  # a line ending in it goes on on the next line
+# The sampling flags a --batch run passes on only when given (a batch line's own settings, or the
+# API's defaults, hold otherwise).
+OVERRIDES = ("temperature", "seed", "max_tokens", "system", "top_p", "top_k")
+HELP = """commands:
+  /system TEXT   set the system prompt (/system alone removes it)
+  /clear         forget the conversation (the system prompt and settings stay)
+  /temp X        set the temperature (/temp alone shows it)
+  /save FILE     write the conversation (messages and settings) as JSON
+  /load FILE     read one written by /save
+  /help          this list
+  /quit          leave (or Ctrl-D; Ctrl-C twice at an empty prompt)
+a line ending in \\ continues on the next; Ctrl-C stops a reply"""
+
+
+@dataclass(frozen=True)
+class ChatConfig:
+    """The chat's sampling defaults: the CLI's flags read theirs from here. Those of `goinfer
+    generate` (llama.cpp's CLI filters), with a reply long enough for a chat answer."""
+
+    temperature: float = 0.8
+    top_p: float = 0.95
+    top_k: int = 40
+    seed: int | None = None
+    max_tokens: int = 512
+    system: str | None = None
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            seed=self.seed,
+            max_tokens=self.max_tokens,
+        )
+
+
+# The REPL's cache: one conversation warm, and one spare so a /clear or /system does not evict it
+# before the next turn has found its prefix.
+REPL_ENGINE = SchedulerConfig(max_concurrent=1, kv_sessions=2)
+SETTINGS = ("temperature", "top_p", "top_k", "seed", "max_tokens")
+ROLES = ("user", "assistant")
+
+
+# -- the conversation: messages and settings, saved and loaded as JSON ---------------------------
+@dataclass
+class Conversation:
+    config: ChatConfig
+    turns: list[dict[str, str]] = field(default_factory=list)  # user and assistant, alternating
+
+    def messages(self) -> list[dict[str, str]]:
+        system = self.config.system
+        return ([{"role": "system", "content": system}] if system else []) + self.turns
+
+    def drop_oldest(self) -> bool:
+        """Forget the oldest exchange (a user turn and the replies after it); False when only the
+        latest user turn is left."""
+        users = [i for i, t in enumerate(self.turns) if t["role"] == "user"]
+        if len(users) < 2:
+            return False
+        del self.turns[: users[1]]
+        return True
+
+    def to_json(self) -> dict[str, Any]:
+        settings = {k: getattr(self.config, k) for k in SETTINGS}
+        return {"messages": self.messages(), "settings": settings}
+
+    @classmethod
+    def from_json(cls, data: Any, base: ChatConfig) -> Conversation:
+        """As /save wrote it: {"messages": [...], "settings": {...}}; ValueError says what is wrong."""
+        if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
+            raise ValueError('not a saved conversation: no "messages" list')
+        settings = data.get("settings") or {}
+        if not isinstance(settings, dict) or set(settings) - set(SETTINGS):
+            raise ValueError(f'"settings" may hold only {", ".join(SETTINGS)}')
+        system, turns = None, []
+        for i, m in enumerate(data["messages"]):
+            role = m.get("role") if isinstance(m, dict) else None
+            if not isinstance(m, dict) or not isinstance(m.get("content"), str):
+                raise ValueError(f"messages[{i}]: not a message with text content")
+            if role == "system" and i == 0:
+                system = m["content"]
+            elif role in ROLES:
+                turns.append({"role": role, "content": m["content"]})
+            else:
+                raise ValueError(f"messages[{i}]: role {role!r} (system first, then user and assistant)")
+        try:
+            config = dataclasses.replace(base, system=system, **settings)
+            config.sampling()
+        except TypeError as e:
+            raise ValueError(f"settings: {e}") from None
+        return cls(config, turns)
+
+
+# -- one turn on the runtime ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Turn:
+    text: str
+    finish: str  # "stop" | "length" | "interrupted"
+    prompt_tokens: int
+    cached_tokens: int  # of them, how many the KV cache already held
+    completion_tokens: int
+    ttft_s: float  # from Enter to the first token (the whole reply, when it is empty)
+    decode_tok_s: float
+
+    def stats_line(self) -> str:
+        return (
+            f"[prompt {self.prompt_tokens} tok, {self.cached_tokens} cached | ttft {self.ttft_s:.3f} s | "
+            f"{self.completion_tokens} tok, {self.decode_tok_s:.1f} tok/s | {self.finish}]"
+        )
+
+
+class TooLong(ValueError):
+    pass
+
+
+class ChatEngine:
+    """A loaded model and its scheduler: a conversation's turns as prompts that extend each other."""
+
+    def __init__(self, model, engine: SchedulerConfig = REPL_ENGINE):
+        from goinfer.runtime.scheduler import Scheduler
+
+        self.model = model
+        self.scheduler = Scheduler(model, engine)  # applies --ctx to model.context_length
+
+    @property
+    def window(self) -> int:
+        return self.model.context_length
+
+    def fit(self, conv: Conversation) -> tuple[list[int], int]:
+        """The conversation's prompt ids, leaving room for a reply (max_tokens, at most half the
+        window). When it does not fit, the oldest exchanges go until the prompt is under half what
+        is left, so the next turns extend this prompt (and reuse its cache) instead of each
+        dropping one more. Returns (ids, exchanges dropped)."""
+        room = self.window - min(conv.config.max_tokens, self.window // 2)
+        ids, dropped = self.model.chat_prompt(conv.messages()), 0
+        while len(ids) > (room if not dropped else room // 2) and conv.drop_oldest():
+            ids, dropped = self.model.chat_prompt(conv.messages()), dropped + 1
+        if len(ids) > room:
+            raise TooLong(
+                f"the message makes a prompt of {len(ids)} tokens; with room for a reply the "
+                f"context window ({self.window}) takes {room}"
+            )
+        return ids, dropped
+
+    def reply(
+        self,
+        ids: list[int],
+        sampling: SamplingParams,
+        write: Callable[[str], None],
+        cancel: threading.Event,
+        t0: float,
+    ) -> Turn:
+        """Run one turn's prompt (from `fit`); `write` gets the text as it comes, `t0` is when the
+        user pressed Enter. Setting `cancel` ends it at the next step (finish "interrupted")."""
+        from goinfer.runtime.decode import GenerationRequest
+        from goinfer.runtime.scheduler import Cancelled
+
+        parts: list[str] = []
+        ttft, cached, finish, timings = None, 0, "interrupted", {}
+        events = self.scheduler.generate(GenerationRequest(ids, sampling), cancel)
+        try:
+            with contextlib.closing(events):  # a reply left early frees its sequence now
+                for ev in events:
+                    if ttft is None and (ev.token_id is not None or ev.finish_reason is not None):
+                        ttft, cached = time.perf_counter() - t0, int(ev.timings.get("cached_tokens", 0))
+                    if cancel.is_set():
+                        break  # what was sampled after Ctrl-C is neither shown nor kept
+                    if ev.text:
+                        parts.append(ev.text)
+                        write(ev.text)
+                    if ev.finish_reason is not None:
+                        finish, timings = ev.finish_reason, ev.timings
+        except Cancelled:
+            pass
+        return Turn(
+            "".join(parts),
+            finish,
+            len(ids),
+            cached,
+            int(timings.get("completion_tokens", len(parts))),
+            time.perf_counter() - t0 if ttft is None else ttft,
+            float(timings.get("decode_tok_s", 0.0)),
+        )
+
+    def close(self) -> None:
+        self.scheduler.stop()
+
+
+# -- the REPL -----------------------------------------------------------------------------------------
+class Repl:
+    def __init__(self, engine: ChatEngine, conv: Conversation, out: TextIO, verbose: bool, tty: bool):
+        self.engine, self.conv, self.out, self.verbose, self.tty = engine, conv, out, verbose, tty
+        self.turns: list[Turn] = []  # what each reply cost (a bench reads them)
+
+    def say(self, line: str) -> None:
+        """A notice: on stderr, so stdout holds only the replies when it is piped."""
+        click.echo(line, err=True)
+
+    def read(self) -> str | None:
+        """One message (lines ending in \\ joined with newlines); None at EOF. Ctrl-C raises."""
+        lines: list[str] = []
+        while True:
+            line = input((MORE if lines else PROMPT) if self.tty else "")
+            if line.endswith(CONTINUE):
+                lines.append(line[: -len(CONTINUE)])
+                continue
+            lines.append(line)
+            return "\n".join(lines)
+
+    def run(self) -> None:
+        if self.tty:
+            self.say(f"goinfer chat: {Path(str(self.engine.model.bundle.path)).name}; /help for commands")
+        armed = False  # a Ctrl-C at the prompt was just pressed: a second one leaves
+        while True:
+            try:
+                text = self.read()
+            except KeyboardInterrupt:
+                if armed:
+                    self.out.write("\n")
+                    return
+                armed = True
+                self.say("\n(Ctrl-C again, /quit or Ctrl-D to leave)")
+                continue
+            except EOFError:
+                if self.tty:
+                    self.out.write("\n")
+                return
+            armed = False
+            if text.startswith("/"):
+                if not self.command(text):
+                    return
+            elif text.strip():
+                self.turn(text)
+
+    def turn(self, text: str) -> None:
+        t0 = time.perf_counter()
+        conv = self.conv
+        conv.turns.append({"role": "user", "content": text})
+        try:
+            ids, dropped = self.engine.fit(conv)
+        except ValueError as e:  # too long for the window, or the template refused the messages
+            conv.turns.pop()
+            self.say(f"error: {e}")
+            return
+        if dropped:
+            self.say(
+                f"(dropped the {dropped} oldest exchange(s) to fit the {self.engine.window}-token window)"
+            )
+        cancel = threading.Event()
+        previous = signal.signal(signal.SIGINT, lambda *_: cancel.set())  # Ctrl-C: stop this reply only
+        try:
+            turn = self.engine.reply(ids, conv.config.sampling(), self._write, cancel, t0)
+        except ValueError as e:
+            conv.turns.pop()
+            self.say(f"error: {e}")
+            return
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        self.out.write("\n")
+        self.out.flush()
+        if turn.text:  # a stopped reply stays, as far as it went: the user saw it
+            conv.turns.append({"role": "assistant", "content": turn.text})
+        else:
+            conv.turns.pop()
+        if turn.finish == "interrupted":
+            self.say("(reply stopped)")
+        if self.verbose:
+            self.say(turn.stats_line())
+        self.turns.append(turn)
+
+    def _write(self, text: str) -> None:
+        self.out.write(text)
+        self.out.flush()
+
+    def command(self, line: str) -> bool:
+        """Run a /command; False to leave."""
+        name, _, arg = line.partition(" ")
+        arg = arg.strip()
+        conv = self.conv
+        if name in ("/quit", "/exit"):
+            return False
+        if name == "/help":
+            self.say(HELP)
+        elif name == "/clear":
+            conv.turns.clear()
+            self.say("(conversation cleared)")
+        elif name == "/system":
+            conv.config = dataclasses.replace(conv.config, system=arg or None)
+            self.say("(system prompt set)" if arg else "(system prompt removed)")
+        elif name == "/temp":
+            self._temp(arg)
+        elif name in ("/save", "/load") and not arg:
+            self.say(f"usage: {name} FILE")
+        elif name == "/save":
+            try:
+                Path(arg).write_text(json.dumps(conv.to_json(), indent=1, ensure_ascii=False) + "\n")
+                self.say(f"(saved {len(conv.messages())} messages to {arg})")
+            except OSError as e:
+                self.say(f"error: {arg}: {e.strerror or e}")
+        elif name == "/load":
+            self._load(arg)
+        else:
+            self.say(f"unknown command {name}: /help lists them")
+        return True
+
+    def _temp(self, arg: str) -> None:
+        if not arg:
+            self.say(f"temperature {self.conv.config.temperature}")
+            return
+        try:
+            t = float(arg)
+        except ValueError:
+            t = -1.0
+        if not 0 <= t <= 2:
+            self.say(f"error: /temp takes a number from 0 to 2, not {arg!r}")
+            return
+        self.conv.config = dataclasses.replace(self.conv.config, temperature=t)
+        self.say(f"(temperature {t})")
+
+    def _load(self, path: str) -> None:
+        try:
+            self.conv = Conversation.from_json(json.loads(Path(path).read_text()), self.conv.config)
+        except OSError as e:
+            self.say(f"error: {path}: {e.strerror or e}")
+        except ValueError as e:  # not JSON, or not a conversation
+            self.say(f"error: {path}: {e}")
+        else:
+            self.say(f"(loaded {len(self.conv.messages())} messages from {path})")
+
+
+# -- one answer: a prompt, maybe JSON-constrained --------------------------------------------------------
+def json_grammar(schema_path: str | None) -> str:
+    """The grammar --schema FILE (or --json: any JSON object) constrains the answer to: the server's
+    response_format rules (serve/pipeline.py), a schema compiled leniently as a non-strict one is."""
+    from goinfer.runtime import grammar as g
+
+    if schema_path is None:
+        return g.json_schema_grammar({"type": "object"})
+    try:
+        schema = json.loads(Path(schema_path).read_text())
+    except OSError as e:
+        raise ValueError(f"--schema {schema_path}: {e.strerror or e}") from None
+    except ValueError as e:
+        raise ValueError(f"--schema {schema_path}: not JSON ({e})") from None
+    try:
+        return g.compile_json_schema(schema, lenient=True)
+    except g.GrammarError as e:
+        raise ValueError(f"--schema {schema_path}: not a usable JSON schema: {e}") from None
+
+
+def answer_once(model, conv: Conversation, grammar: str | None, out: TextIO) -> None:
+    """One reply to the conversation's last message, on stdout. With a grammar the text is held
+    until it is complete JSON (stdout is only ever the answer)."""
+    from goinfer.runtime.decode import GenerationRequest
+    from goinfer.runtime.grammar import GrammarError
+
+    ids = model.chat_prompt(conv.messages(), window=model.context_length)
+    try:
+        constraint = model.grammar.constraint(grammar) if grammar is not None else None
+    except GrammarError as e:
+        raise ValueError(f"the schema cannot run on this model: {e}") from None
+    request = GenerationRequest(ids, conv.config.sampling(), constraint=constraint)
+    parts, finish = [], None
+    for ev in model.generate(request):
+        if grammar is None and ev.text:
+            out.write(ev.text)
+            out.flush()
+        parts.append(ev.text)
+        finish = ev.finish_reason or finish
+    text = "".join(parts)
+    if grammar is not None:
+        try:
+            json.loads(text)
+        except ValueError:
+            why = f"--max-tokens {conv.config.max_tokens}" if finish == "length" else "the model"
+            raise ValueError(f"the JSON answer was cut short by {why}: {text[:60]!r}...") from None
+        out.write(text)
+    out.write("\n")
+    out.flush()
+
+
+# -- --batch: delegated ---------------------------------------------------------------------------------
+def run_batch(
+    ctx: click.Context, model: str, batch: str, output: str | None, max_concurrent: int, self_test: bool
+):
+    """Hand a batch file to goinfer.cli.batch_run; returns its exit status. `overrides` holds only
+    the sampling flags given on the command line."""
+    if output is None:
+        raise ValueError("--batch needs -o OUT.jsonl")
+    try:
+        from goinfer.cli import batch_run
+    except ImportError:
+        raise ValueError("--batch: this goinfer has no batch runner (goinfer.cli.batch_run)") from None
+    given = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+    overrides = {k: ctx.params[k] for k in OVERRIDES if ctx.get_parameter_source(k) in given}
+    return batch_run.run_batch_file(
+        model,
+        batch,
+        output,
+        max_concurrent=max_concurrent,
+        overrides=overrides,
+        self_test=self_test,
+        progress=lambda line: click.echo(line, err=True),
+    )
+
+
+# -- the command ----------------------------------------------------------------------------------------
+@click.command(
+    epilog="In the REPL: /system TEXT, /clear, /temp X, /save FILE, /load FILE, /help, /quit. A line "
+    "ending in \\ continues on the next (multi-line input). Ctrl-C stops a reply; twice at an empty "
+    "prompt (or Ctrl-D) leaves."
+)
+@click.argument("model")
+@click.argument("prompt", required=False)
+@knob("--temp", ChatConfig, "temperature", "sampling temperature (0: greedy)", type=click.FloatRange(0, 2))
+@knob("--top-p", ChatConfig, "top_p", None, type=click.FloatRange(0, 1))
+@knob("--top-k", ChatConfig, "top_k", "0: no cut", type=click.IntRange(min=0))
+@knob("--seed", ChatConfig, "seed", "a fixed seed: the same replies each run", type=int)
+@knob("--max-tokens", ChatConfig, "max_tokens", "a reply's length at most", type=click.IntRange(min=1))
+@knob("--system", ChatConfig, "system", "a system prompt")
+@click.option("--json", "as_json", is_flag=True, help="one answer that is a JSON object (PROMPT or stdin)")
+@click.option(
+    "--schema",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="one answer constrained to this JSON schema (PROMPT or stdin)",
+)
+@click.option(
+    "--batch", type=click.Path(dir_okay=False), default=None, help="run a batch file (JSONL) and exit"
+)
+@click.option(
+    "-o", "--output", type=click.Path(dir_okay=False), default=None, help="--batch's output (JSONL)"
+)
+@knob(
+    "--max-concurrent",
+    SchedulerConfig,
+    "max_concurrent",
+    "--batch lines run at once",
+    type=click.IntRange(min=1),
+)
+@knob(
+    "--ctx",
+    SchedulerConfig,
+    "context",
+    "cap the context window (0: the model's own)",
+    type=click.IntRange(min=0),
+)
+@knob("--quant", BuildOptions, "quant", "used only when MODEL must be built")
+@options.kv_dtype
+@click.option(
+    "--verbose", "-v", is_flag=True, help="each reply's prompt, cached tokens and timings on stderr"
+)
+@options.no_selftest
+@options.device
+@click.pass_context
+def chat(
+    ctx: click.Context,
+    model: str,
+    prompt: str | None,
+    as_json: bool,
+    schema: str | None,
+    batch: str | None,
+    output: str | None,
+    max_concurrent: int,
+    context: int,
+    quant: str,
+    kv_dtype: str,
+    verbose: bool,
+    no_selftest: bool,
+    device: str,
+    **sampling: Any,
+) -> None:
+    """Chat with MODEL (a .giw, a .gguf or a zoo name) in the terminal: an interactive REPL, or
+    one answer to PROMPT. With --json or --schema FILE, one JSON answer to PROMPT (or stdin).
+    With --batch IN.jsonl -o OUT.jsonl, a batch file."""
+    try:
+        if batch is not None:
+            if prompt is not None or as_json or schema is not None:
+                raise ValueError("--batch takes no PROMPT, --json or --schema")
+            sys.exit(run_batch(ctx, model, batch, output, max_concurrent, not no_selftest))
+        structured = as_json or schema is not None
+        grammar = json_grammar(schema) if structured else None  # a bad schema fails before the load
+        if structured and prompt is None:
+            prompt = sys.stdin.read().strip()
+            if not prompt:
+                raise ValueError("--json / --schema need a PROMPT argument or text on stdin")
+        conv = Conversation(ChatConfig(**sampling))
+        m = load_model(model, quant, kv_dtype, no_selftest, device)
+        if prompt is not None:
+            if context:
+                m.context_length = min(m.context_length, context)
+            conv.turns.append({"role": "user", "content": prompt})
+            answer_once(m, conv, grammar, sys.stdout)
+            return
+        engine = ChatEngine(m, dataclasses.replace(REPL_ENGINE, context=context))
+        try:
+            tty = sys.stdin.isatty()
+            if tty:
+                with contextlib.suppress(ImportError):  # line editing and ↑ history, where there is one
+                    import readline  # noqa: F401
+            Repl(engine, conv, sys.stdout, verbose, tty).run()
+        finally:
+            engine.close()
+    except user_errors() as e:
+        fail(str(e))
+    except ValueError as e:  # bad flags, schema, prompt too long: one line
+        fail(str(e))
+
+
+def load_model(ref: str, quant: str, kv_dtype: str, no_selftest: bool, device: str):
+    """MODEL resolved and loaded as `goinfer generate` does (built once into the cache if it must be)."""
+    from goinfer.compiler.resolve import resolve
+    from goinfer.runtime.model import Model
+
+    bundle = resolve(ref, BuildOptions(quant=quant, kv_dtype=KV_DTYPES[kv_dtype]))
+    return Model.load(bundle, self_test=False if no_selftest else None, device=device)
