@@ -17,7 +17,13 @@ import click
 from goinfer.compiler.build import BuildOptions
 from goinfer.runtime.config import SchedulerConfig
 from goinfer.runtime.sampler import SamplingParams
-from goinfer.serve.config import DECISIONS_TEMPLATES, SamplingDefaults, ServeConfig
+from goinfer.serve.config import (
+    DECISIONS_TEMPLATES,
+    BatchConfig,
+    SamplingDefaults,
+    ServeConfig,
+    default_batch_dir,
+)
 
 from . import embed as embed_cli
 from . import options
@@ -294,6 +300,15 @@ _N0, _N1 = click.IntRange(min=0), click.IntRange(min=1)
 @knob("--top-p", SamplingDefaults, "top_p", "top_p for requests that set none", type=click.FloatRange(0, 1))
 @knob("--top-k", SamplingDefaults, "top_k", "top_k for requests that set none", type=_N0)
 @knob("--min-p", SamplingDefaults, "min_p", "min_p for requests that set none", type=click.FloatRange(0, 1))
+@click.option(
+    "--batch-dir",
+    default=str(default_batch_dir()),
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="uploads (/v1/files) and batches (/v1/batches, /v1/messages/batches) kept here; a batch the "
+    "server stopped in resumes at start",
+)
+@knob("--max-file-bytes", BatchConfig, "max_file_bytes", "an upload's cap (413 over it)", type=_N1)
 @knob("--quant", BuildOptions, "quant", "used only when a model must be built")
 @options.kv_dtype
 @options.no_selftest
@@ -339,6 +354,7 @@ def serve(
             max_concurrent=engine.max_concurrent,  # the scheduler's: the registry admits as many
             sampling=options.config(SamplingDefaults, knobs),
             embeddings=EmbeddingsConfig(quant=embed_quant),
+            batch=BatchConfig(dir=knobs["batch_dir"], max_file_bytes=knobs["max_file_bytes"]),
         )
         server.check_exposure(config)  # before any model loads: a refusal costs nothing
         decisions.load_calibration(config.decisions_calibration, config.decisions_template)

@@ -16,7 +16,18 @@ from collections.abc import AsyncIterator, Mapping
 
 from aiohttp import web
 
-from . import admin, decisions, embeddings, messages, responses, routes
+from . import (
+    admin,
+    batch_anthropic,
+    batch_routes,
+    batches,
+    decisions,
+    embeddings,
+    files,
+    messages,
+    responses,
+    routes,
+)
 from .config import BodyCaps, ServeConfig
 from .engine import Embedder, Engine
 from .errors import openai_envelope
@@ -54,15 +65,23 @@ def create_app(
     app.add_routes(responses.routes)
     app.add_routes(decisions.routes)
     app.add_routes(embeddings.routes)
-    app.add_subapp(messages.PREFIX, messages.app())
+    # /v1/files, /v1/batches, /v1/messages/batches: on disk under --batch-dir, run by one worker task
+    app[batches.BATCHES], tmp = batches.make(config, registry)
+    app.add_routes(batch_routes.routes)
+    anthropic = messages.app()
+    anthropic.add_routes(batch_anthropic.routes)
+    app.add_subapp(messages.PREFIX, anthropic)
     if config.allow_admin:
         sub = admin.app()
         sub[SAME_ORIGIN_ONLY] = True  # no --cors-origin opens loading and unloading to a web page
         app.add_subapp(admin.PREFIX, sub)
     capped = {"text_routes": text_routes(app), "embedding_routes": embedding_routes(app)}
+    capped["files"] = config.batch.max_file_bytes + files.ENVELOPE_SLACK
     app[CAPS] = dataclasses.replace(caps, **capped)  # the banner names them
     app.on_response_prepare.append(cors_headers)  # every app's responses pass the root's signal
     app.cleanup_ctx.append(_close_models)
+    app.cleanup_ctx.append(batches.remove_later(tmp))
+    app.cleanup_ctx.append(batches.running)  # stopped first: no batch line outlives the models
     return app
 
 

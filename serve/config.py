@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass
+from pathlib import Path
 
+from goinfer.artifacts import cache
 from goinfer.artifacts.manifest import ENCODER_QUANTS
 from goinfer.runtime.config import SchedulerConfig
 
@@ -15,6 +17,24 @@ SMALL_CAP = 64 * 1024  # admin and GET routes carry a few fields at most
 # /v1/embeddings' own cap, whatever the decoders' windows: a batch body grows with its count of
 # inputs (up to EmbeddingsConfig.max_inputs of up to max_tokens each), not with a context window
 EMBEDDINGS_CAP = 64 * MiB
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    """/v1/files, /v1/batches and /v1/messages/batches (serve/files.py, serve/batches.py): uploads and
+    batch state on disk, so a batch outlives the process that ran it."""
+
+    # `goinfer serve --batch-dir`, default `default_batch_dir()`; None (an app made in a test): a temporary
+    # folder of the app's own, gone with it, so no test resumes or writes a user's batches
+    dir: str | None = None
+    max_file_bytes: int = 200 * MiB  # an upload's cap (OpenAI's batch input limit); over it a 413
+    max_lines: int = 50_000  # requests a batch (OpenAI's and Anthropic's limit is 100k/50k)
+    completion_window_s: int = 24 * 3600  # "24h", the only window either API offers
+
+
+def default_batch_dir() -> Path:
+    """Where `goinfer serve` keeps uploads and batches unless --batch-dir says otherwise."""
+    return cache.root() / "batches"
 
 
 @dataclass(frozen=True)
@@ -30,6 +50,7 @@ class BodyCaps:
     text_routes: tuple[str, ...] = ()  # "/v1/chat/completions", ...: filled from the app's router
     embeddings: int = EMBEDDINGS_CAP  # the routes whose body carries inputs to embed
     embedding_routes: tuple[str, ...] = ()  # "/v1/embeddings": filled from the app's router
+    files: int = BatchConfig.max_file_bytes  # POST /v1/files: --max-file-bytes, whatever the rest
 
     @classmethod
     def resolve(cls, max_body_bytes: int, context_windows: list[int]) -> BodyCaps:
@@ -41,7 +62,7 @@ class BodyCaps:
 
     @property
     def largest(self) -> int:
-        return max(self.text, self.small, self.embeddings)
+        return max(self.text, self.small, self.embeddings, self.files)
 
     def describe(self) -> str:
         if self.text == self.small == self.embeddings:
@@ -50,7 +71,7 @@ class BodyCaps:
         parts = [f"{text} {_size(self.text)}"]
         if self.embedding_routes:
             parts.append(f"{', '.join(self.embedding_routes)} {_size(self.embeddings)}")
-        return "; ".join([*parts, f"other routes {_size(self.small)}"])
+        return "; ".join([*parts, f"other routes {_size(self.small)}"])  # /v1/files: the banner's batch line
 
 
 @dataclass(frozen=True)
@@ -113,6 +134,7 @@ class ServeConfig:
     decisions_template: str = "chat-v1"  # one of DECISIONS_TEMPLATES
     decisions_calibration: str | None = None
     embeddings: EmbeddingsConfig = EmbeddingsConfig()
+    batch: BatchConfig = BatchConfig()
 
     @property
     def tls(self) -> bool:

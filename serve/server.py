@@ -69,6 +69,11 @@ def banner(
             f"requests, {m.max_queue} requests at most"
         )
     lines.append(f"  body caps: {caps.describe()}")
+    where = config.batch.dir or "a temporary folder"
+    lines.append(
+        f"  batches: uploads and batch state under {where} (uploads up to {caps.files // (1 << 20)} MiB); "
+        "batch lines run in the room interactive requests leave"
+    )
     origins = ", ".join(config.cors_origins) if config.cors_origins else "none"
     lines.append(f"  browser origins allowed besides this server's own: {origins} (admin routes: none)")
     admin = f"on (unload drain wait {config.unload_drain_wait_s:g}s)" if config.allow_admin else "off"
