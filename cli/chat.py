@@ -434,15 +434,18 @@ def run_batch(
         raise ValueError("--batch: this goinfer has no batch runner (goinfer.cli.batch_run)") from None
     given = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
     overrides = {k: ctx.params[k] for k in OVERRIDES if ctx.get_parameter_source(k) in given}
-    return batch_run.run_batch_file(
-        model,
-        batch,
-        output,
-        max_concurrent=max_concurrent,
-        overrides=overrides,
-        self_test=self_test,
-        progress=lambda line: click.echo(line, err=True),
-    )
+    try:
+        return batch_run.run_batch_file(
+            model,
+            Path(batch),
+            Path(output),
+            max_concurrent=max_concurrent,
+            overrides=overrides,
+            self_test=self_test,
+            progress=lambda line: click.echo(line, err=True),
+        )
+    except OSError as e:  # the input missing, the output not writable
+        raise ValueError(f"--batch: {e.filename or batch}: {e.strerror or e}") from None
 
 
 # -- the command ----------------------------------------------------------------------------------------

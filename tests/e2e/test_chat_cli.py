@@ -251,7 +251,7 @@ def test_batch_is_delegated_with_only_the_flags_given(batch_runner, tmp_path: Pa
     assert r.exit_code == 1, r.output  # the runner's own exit status
     assert "[1/1] a ok" in r.stderr
     ((args, kwargs),) = batch_runner
-    assert args == ("some-model", "in.jsonl", "out.jsonl")
+    assert args == ("some-model", Path("in.jsonl"), Path("out.jsonl"))
     assert kwargs == {
         "max_concurrent": 4,
         "overrides": {"temperature": 0.0, "seed": 3},
@@ -281,3 +281,36 @@ def test_batch_refusals(batch_runner, monkeypatch: pytest.MonkeyPatch) -> None:
     r = _run("chat", "m", "--batch", "in.jsonl", "-o", "o")
     assert r.exit_code == 2 and "no batch runner" in r.stderr, r.stderr
     assert not batch_runner
+
+
+def test_batch_file_runs_through_the_runner(tiny_bundle, tmp_path: Path) -> None:
+    """The real goinfer.cli.batch_run behind the flag: lines answered, a rerun has nothing to do."""
+    pytest.importorskip("goinfer.cli.batch_run")
+    lines = [
+        {"custom_id": cid, "method": "POST", "url": "/v1/chat/completions", "body": {"messages": [m]}}
+        for cid, m in (("a", {"role": "user", "content": "hi"}), ("b", {"role": "user", "content": "yo"}))
+    ]
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    args = (
+        "chat",
+        tiny_bundle("qwen2", "f32"),
+        "--batch",
+        src,
+        "-o",
+        out,
+        "--max-tokens",
+        "4",
+        "--no-selftest",
+    )
+    r = _run(*args)
+    assert r.exit_code == 0, r.stderr
+    done = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(d["custom_id"] for d in done) == ["a", "b"]
+    assert all(
+        d["response"]["body"]["usage"]["completion_tokens"] <= 4 for d in done
+    )  # --max-tokens passed on
+    r = _run(*args)
+    assert r.exit_code == 0 and "nothing to do" in r.stderr
+    r = _run("chat", "m", "--batch", tmp_path / "none.jsonl", "-o", out)
+    assert r.exit_code == 2 and "none.jsonl: No such file" in r.stderr, r.stderr
