@@ -71,6 +71,9 @@ def run_batch_file(
                 return 0
             progress(f"{len(todo)} of {len(lines)} lines to run ({len(done)} done); loading {model_ref}")
             engine = _load(model_ref, max_concurrent, self_test)
+            info = getattr(engine, "info", None)
+            if info is not None:
+                progress(f"model: {info.decode_path}; {max_concurrent} lines at once")
             run = _Run(engine, max_concurrent, out, errors, len(lines), len(done), progress, overrides)
             try:
                 failed = asyncio.run(run.all(todo))
