@@ -173,10 +173,12 @@ class ChatEngine:
         is left, so the next turns extend this prompt (and reuse its cache) instead of each
         dropping one more. Returns (ids, exchanges dropped)."""
         room = self.window - min(conv.config.max_tokens, self.window // 2)
+        kept = list(conv.turns)
         ids, dropped = self.model.chat_prompt(conv.messages()), 0
         while len(ids) > (room if not dropped else room // 2) and conv.drop_oldest():
             ids, dropped = self.model.chat_prompt(conv.messages()), dropped + 1
         if len(ids) > room:
+            conv.turns[:] = kept  # the history stays as it was; only this message is refused
             raise TooLong(
                 f"the message makes a prompt of {len(ids)} tokens; with room for a reply the "
                 f"context window ({self.window}) takes {room}"
@@ -237,8 +239,9 @@ class Repl:
         """A notice: on stderr, so stdout holds only the replies when it is piped."""
         click.echo(line, err=True)
 
-    def read(self) -> str | None:
-        """One message (lines ending in \\ joined with newlines); None at EOF. Ctrl-C raises."""
+    def read(self) -> str:
+        """One message: lines ending in \\ joined with newlines (EOFError at the end of input,
+        KeyboardInterrupt on Ctrl-C)."""
         lines: list[str] = []
         while True:
             line = input((MORE if lines else PROMPT) if self.tty else "")
@@ -291,17 +294,17 @@ class Repl:
         previous = signal.signal(signal.SIGINT, lambda *_: cancel.set())  # Ctrl-C: stop this reply only
         try:
             turn = self.engine.reply(ids, conv.config.sampling(), self._write, cancel, t0)
-        except ValueError as e:
+        except Exception as e:  # one turn's failure (the cache, the model) is a line, not the end
             conv.turns.pop()
-            self.say(f"error: {e}")
+            self.say(f"\nerror: {e}")
             return
         finally:
             signal.signal(signal.SIGINT, previous)
         self.out.write("\n")
         self.out.flush()
-        if turn.text:  # a stopped reply stays, as far as it went: the user saw it
+        if turn.text or turn.finish != "interrupted":  # a stopped reply stays as far as it went
             conv.turns.append({"role": "assistant", "content": turn.text})
-        else:
+        else:  # stopped before its first word: as if the message was never sent
             conv.turns.pop()
         if turn.finish == "interrupted":
             self.say("(reply stopped)")

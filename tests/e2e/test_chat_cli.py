@@ -155,11 +155,12 @@ def test_history_is_trimmed_to_the_window(tiny_bundle, tmp_path: Path) -> None:
         m["content"] for m in json.loads((tmp_path / "t.json").read_text())["messages"] if m["role"] == "user"
     ]
     assert users[-1] == f"{i} hello" and "0 hello" not in users
-    # one message that cannot fit at all is refused, and forgotten
-    command(child, "/clear", "(conversation cleared)")
+    # one message that cannot fit at all is refused and forgotten; the history stays whole
     child.sendline("hello " * 40)
     child.expect_exact("error: the message makes a prompt of")
     child.expect_exact(PROMPT)
+    command(child, "/save t2.json", "(saved")
+    assert (tmp_path / "t2.json").read_text() == (tmp_path / "t.json").read_text()
     child.sendline("/quit")
     child.expect(pexpect.EOF)
 
