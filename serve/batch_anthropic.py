@@ -20,8 +20,7 @@ from .batch_format import MESSAGES, dumps, succeeded
 from .batch_routes import page
 from .batches import BATCHES, CANCELLED, ENDED, EXPIRED, Batches
 from .errors import APIError, bad_request
-from .files import files_body
-from .middleware import Body, read_request
+from .middleware import Body, files_body, read_request
 
 routes = web.RouteTableDef()
 CUSTOM_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")

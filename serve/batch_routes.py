@@ -11,9 +11,9 @@ from pydantic import Field
 from .batch_format import ENDPOINTS
 from .batches import BATCHES, Batches
 from .errors import APIError, bad_request
-from .files import ENVELOPE_SLACK, files_body
+from .files import ENVELOPE_SLACK
 from .keys import CAPS
-from .middleware import Body, read_request
+from .middleware import Body, files_body, read_request
 
 routes = web.RouteTableDef()
 WINDOWS = ("24h",)  # OpenAI's only completion window

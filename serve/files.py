@@ -20,20 +20,12 @@ from typing import Any
 
 from aiohttp import web
 
-from . import middleware
 from .batch_format import FormatError, fsync_dir, json_lines, write_atomic
 from .errors import APIError, bad_request
-from .middleware import Handler
 
 PURPOSES = ("batch",)  # what may be uploaded; a batch's results are "batch_output"
 ENVELOPE_SLACK = 64 * 1024  # multipart boundaries and headers around the file, within the body cap
 routes = web.RouteTableDef()
-
-
-def files_body(handler: Handler) -> Handler:
-    """Marks a route whose body may be as large as an upload (BodyCaps.files, --max-file-bytes)."""
-    middleware._CAPPED[handler] = "files"  # middleware's registry of caps by handler (text_body's)
-    return handler
 
 
 def new_id(prefix: str) -> str:

@@ -233,6 +233,12 @@ def embeddings_body(handler: Handler) -> Handler:
     return handler
 
 
+def files_body(handler: Handler) -> Handler:
+    """Marks a route whose body may be as large as an upload (BodyCaps.files, --max-file-bytes)."""
+    _CAPPED[handler] = "files"
+    return handler
+
+
 def text_routes(app: web.Application) -> tuple[str, ...]:
     """The paths of the app's text routes, sub-apps' included: what the banner names."""
     return _routes_capped(app, "text")
