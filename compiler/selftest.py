@@ -1,8 +1,9 @@
 """Build-time half of the startup self-test: small fixed kernel fixtures, compiled per CPU tier.
 
 Each fixture is one of our dispatched kernels (int4's and int8int8's GEMV and GEMM with their
-run-time activation quantizers, int8, f32, and the grouped affine kernel in every layout the
-bundle's gguf weights use) on a tiny fixed input, with the answer its portable numpy twin gives.
+run-time activation quantizers, int8, f32 and the encoders' f32 GEMM, and the grouped affine
+kernel in every layout the bundle's weights use) on a tiny fixed input, with the answer its
+portable numpy twin gives.
 A kernel with an ISA-specific form (the VNNI and AVX2 ones) is compiled in the form each tier's
 model gets. The runtime (runtime/selftest.py) runs every tier's library on them before trusting
 that tier with a model: a wrong kernel on some CPU returns slightly wrong numbers rather than
@@ -31,6 +32,7 @@ from tvm import te, tirx
 
 from .fingerprint import selftest_fingerprint
 from .kernels import affine as affine_tir
+from .kernels import f32 as f32_tir
 from .quant import affine, f32, int4, int8, int8int8
 from .quant.scheme import Scheme
 from .tvm import export, targets
@@ -99,6 +101,13 @@ def cases(seed: int = 0, layouts: tuple[affine_tir.Layout, ...] = ()) -> dict[st
         partial(_te_kernel, f32, 6),
         [x6, f32.pack(w)["weight"]],
         (x6 @ w.T.astype(np.float64)).astype(np.float32),
+    )
+    # the encoders' register-tiled GEMM (40 tokens: a clamped last token tile; 37 rows: a clamped
+    # last row tile)
+    out["f32_gemm_m40"] = (
+        partial(f32_tir.gemm, OUT, IN),
+        [x40, f32.pack(w)["weight"]],
+        (x40 @ w.T.astype(np.float64)).astype(np.float32),
     )
     return out
 

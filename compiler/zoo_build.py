@@ -27,7 +27,8 @@ from .resolve import bundle_key, source_sha256
 from .sources import zoo
 
 Progress = Callable[[str], None]
-# The decoder models of the zoo (all-minilm-l6-v2 is an embedding model the compiler does not build).
+# The decoder models of the zoo: the matrix's quants are theirs (all-minilm-l6-v2, an encoder,
+# builds in f32 or q8_0 only: `goinfer build all-minilm-l6-v2 --quant q8_0`).
 DEFAULT_MODELS = ("qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "gemma-3-270m", "smollm2-135m")
 
 

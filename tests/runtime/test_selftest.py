@@ -25,7 +25,7 @@ def test_bundle_carries_tiers_and_fixtures(tiny_bundle):
         tiers = m.cpu_tiers
         assert tiers[0].module == "llvm" and len(tiers) >= 2, tiers
         kernels = {c.kernel for c in m.selftest.cases}
-        assert {"int4_m1", "int4_m6", "int8_m6", "int8int8_m6", "f32_m6"} <= kernels
+        assert {"int4_m1", "int4_m6", "int8_m6", "int8int8_m6", "f32_m6", "f32_gemm_m40"} <= kernels
         for t in tiers:
             assert t.module in b.module_keys() and t.selftest in b.module_keys()
 
