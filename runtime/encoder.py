@@ -6,7 +6,7 @@ vectors = enc.embed(["a query", "a document"])     # (2, 384) float32, rows of n
 Inputs are packed into forwards of at most `max_batch_tokens` tokens, one after another with no
 padding (the module's `embed` takes their offsets). A vector depends on its own input only:
 attention and pooling stay inside it, and every other kernel computes a row alone, so an input
-gives the same bits alone or batched with others (tests/runtime/test_encoder.py).
+gives the same bits alone or batched with others (tests/compiler/test_encoder.py).
 """
 
 from __future__ import annotations
