@@ -4,6 +4,8 @@ the caller names).
 POST /admin/models/load   {"path", "name"?, "quant"?}  -> 200 once the model serves
 POST /admin/models/unload {"name"}                     -> 200 drained and freed within
     --unload-drain-wait, else 202 (unroutable already; freed when its last request ends)
+POST /admin/halt {"reason"?}  -> 200: generation routes answer 503 `halted` (guards.py) until
+POST /admin/resume            -> 200; running requests finish either way
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from pathlib import Path
 from aiohttp import web
 
 from .errors import APIError, bad_request, openai_envelope
+from .guards import HALT
 from .keys import CONFIG, LOADER, REGISTRY, STARTED
-from .middleware import Body, guards, read_request
+from .middleware import Body, body_cap_for, guards, parse, read_body, read_request
 from .registry import ModelSlot
 from .routes import model_entry
 
@@ -42,6 +45,10 @@ class LoadRequest(Body):
 
 class UnloadRequest(Body):
     name: str
+
+
+class HaltRequest(Body):
+    reason: str | None = None
 
 
 @routes.post("/models/load")
@@ -88,3 +95,23 @@ async def _free_when_idle(slot: ModelSlot) -> None:
     await slot.idle.wait()
     await asyncio.to_thread(slot.close)
     log.info("freed %s after its last request", slot.name)
+
+
+@routes.post("/halt")
+async def halt(request: web.Request) -> web.Response:
+    raw = await read_body(request, body_cap_for(request))  # optional: no body is no reason
+    req = parse(HaltRequest, raw) if raw.strip() else HaltRequest()
+    state = request.config_dict[HALT]
+    state.admin = f"halted by an admin: {req.reason or 'no reason given'}"
+    log.warning("%s", state.admin)
+    return web.json_response({"halted": state.health()})
+
+
+@routes.post("/resume")
+async def resume(request: web.Request) -> web.Response:
+    state = request.config_dict[HALT]
+    was, state.admin = state.admin, None
+    if was is not None:
+        log.info("resumed by an admin")
+    # a tripped swap guard still holds: the answer says so
+    return web.json_response({"resumed": was is not None, "halted": state.health()})

@@ -25,12 +25,14 @@ from . import (
     embeddings,
     files,
     messages,
+    metrics,
     responses,
     routes,
 )
 from .config import BodyCaps, ServeConfig
 from .engine import Embedder, Engine
 from .errors import openai_envelope
+from .guards import HALT, Halt, SwapGuard, monitor
 from .keys import CALIBRATION, CAPS, CONFIG, LOADER, REGISTRY, RESPONSES, STARTED, Loader
 from .middleware import SAME_ORIGIN_ONLY, cors_headers, embedding_routes, guards, text_routes
 from .registry import Registry
@@ -57,6 +59,8 @@ def create_app(
     for name, encoder in (encoders or {}).items():
         registry.add_encoder(name, encoder, config.embeddings)
     app[CONFIG], app[REGISTRY] = config, registry
+    app[HALT] = halt = Halt(SwapGuard(config.swap_guard))
+    registry.check_halt = halt.check  # every generation route routes through the registry
     app[LOADER] = loader
     app[STARTED] = int(time.time())
     app[RESPONSES] = responses.ResponseStore(config.responses_store)
@@ -65,6 +69,7 @@ def create_app(
     app.add_routes(responses.routes)
     app.add_routes(decisions.routes)
     app.add_routes(embeddings.routes)
+    metrics.install(app, config)  # GET /metrics here, or on --metrics-addr
     # /v1/files, /v1/batches, /v1/messages/batches: on disk under --batch-dir, run by one worker task
     app[batches.BATCHES], tmp = batches.make(config, registry)
     app.add_routes(batch_routes.routes)
@@ -80,6 +85,7 @@ def create_app(
     app[CAPS] = dataclasses.replace(caps, **capped)  # the banner names them
     app.on_response_prepare.append(cors_headers)  # every app's responses pass the root's signal
     app.cleanup_ctx.append(_close_models)
+    app.cleanup_ctx.append(monitor)  # the swap guard's poll loop
     app.cleanup_ctx.append(batches.remove_later(tmp))
     app.cleanup_ctx.append(batches.running)  # stopped first: no batch line outlives the models
     return app

@@ -109,10 +109,34 @@ DECISIONS_TEMPLATES = ("chat-v1", "bare-v1")
 
 
 @dataclass(frozen=True)
+class SwapGuardConfig:
+    """The swap guard (serve/guards.py): generation routes answer 503 once swap used grows past
+    `threshold_mb` over what it was at start, until it has stayed back within it for `recover_s`."""
+
+    threshold_mb: int | None = 512  # GOINFER_SWAP_GUARD=MB|off; None: off
+    recover_s: float = 30.0  # swap must stay back this long before the guard lets go
+    poll_s: float = 1.0  # how often the monitor reads /proc/meminfo (a few microseconds a read)
+
+    @classmethod
+    def parse(cls, value: str | None) -> SwapGuardConfig:
+        """GOINFER_SWAP_GUARD's value: unset or empty (the default), "off", or a threshold in MB."""
+        if value is None or not value.strip():
+            return cls()
+        if value.strip().lower() == "off":
+            return cls(threshold_mb=None)
+        if not value.strip().isdigit() or int(value) <= 0:
+            raise ValueError(f"GOINFER_SWAP_GUARD={value!r}: expected a threshold in MB (e.g. 512) or off")
+        return cls(threshold_mb=int(value))
+
+
+@dataclass(frozen=True)
 class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 8080
     api_key: str | None = None
+    # `--metrics-addr HOST:PORT`: GET /metrics there instead of on the API's port; open without the key
+    # only when bound to loopback (serve/metrics.py). None: on the API's port, behind the key
+    metrics_addr: str | None = None
     max_queue: int = 8  # requests that may wait per model behind the running ones
     # Generations per model at once: the scheduler's own figure (its KV cache is sized for them).
     max_concurrent: int = SchedulerConfig.max_concurrent
@@ -135,6 +159,9 @@ class ServeConfig:
     decisions_calibration: str | None = None
     embeddings: EmbeddingsConfig = EmbeddingsConfig()
     batch: BatchConfig = BatchConfig()
+    # `goinfer serve` arms it (SwapGuardConfig.parse of GOINFER_SWAP_GUARD); an app made in a test has
+    # none, so no test halts because the machine it runs on swaps
+    swap_guard: SwapGuardConfig = SwapGuardConfig(threshold_mb=None)
 
     @property
     def tls(self) -> bool:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
@@ -45,6 +46,7 @@ class Generation:
         self.loop, self.poll_s = loop, poll_s
         self.queue: asyncio.Queue[object] = asyncio.Queue()
         self.cancelled = threading.Event()
+        self.kv_full = False  # refused mid-run for want of KV room: its slot counts the 503
 
     def _post(self, item: object) -> None:
         with suppress(RuntimeError):  # the loop has closed (server shutdown): nobody is listening
@@ -69,6 +71,7 @@ class Generation:
         except Cancelled:
             pass  # the client left mid-prompt: nobody is listening
         except KVCacheFull as e:
+            self.kv_full = True
             self._post(APIError(503, str(e), code="kv_cache_full", headers={"Retry-After": "1"}))
         except APIError as e:  # the request's fault, found mid-run (a grammar past its first step)
             log.warning("generation stopped: %s", e.message)
@@ -106,12 +109,15 @@ class ModelSlot:
         self.runs: set[Generation] = set()
         self.idle = asyncio.Event()
         self.idle.set()
+        # 429s and 503s by (model, status, reason), for /metrics; the registry shares its own
+        self.refusals: Counter[tuple[str, int, str]] = Counter()
 
     def submit(
         self, make: Callable[[threading.Event], Iterator[Delta]], poll_s: float, retry_after_s: int = 1
     ) -> Generation:
         """Queue a run, or refuse with 429 when `max_concurrent` run and `max_queue` already wait."""
         if self.admitted >= self.max_queue + self.max_concurrent:
+            self.refusals[(self.name, 429, "queue_full")] += 1
             raise APIError(
                 429,
                 f"model {self.name!r} is busy: {self.admitted} requests running or queued "
@@ -131,6 +137,8 @@ class ModelSlot:
     def _finished(self, run: Generation) -> None:
         self.admitted -= 1
         self.runs.discard(run)
+        if run.kv_full:
+            self.refusals[(self.name, 503, "kv_cache_full")] += 1
         if self.admitted == 0:
             self.idle.set()
 
@@ -152,11 +160,15 @@ class Registry:
         self.slots: dict[str, ModelSlot] = {}
         self.encoders: dict[str, EncoderSlot] = {}
         self.loading: set[str] = set()
+        self.refusals: Counter[tuple[str, int, str]] = Counter()  # every slot's, and loading's (/metrics)
+        # Raises the 503 while new generations are halted (guards.py's Halt.check; none in bare tests)
+        self.check_halt: Callable[[], None] = lambda: None
 
     def add(self, name: str, engine: Engine) -> ModelSlot:
         if name in self.encoders:
             raise ValueError(f"model name {name!r} is given twice (an embedding model has it)")
         slot = ModelSlot(name, engine, self.max_queue, self.max_concurrent)
+        slot.refusals = self.refusals
         self.slots[name] = slot
         return slot
 
@@ -164,11 +176,13 @@ class Registry:
         if name in self.slots:
             raise ValueError(f"model name {name!r} is given twice (a chat model has it)")
         slot = EncoderSlot(name, encoder, config)
+        slot.refusals = self.refusals
         self.encoders[name] = slot
         return slot
 
     def route(self, name: str | None) -> ModelSlot:
         """The decoder a generation (or decision) request names."""
+        self.check_halt()
         if name is None:
             if len(self.slots) == 1:
                 return next(iter(self.slots.values()))  # one model served: `model` may be left out
@@ -183,6 +197,7 @@ class Registry:
 
     def route_encoder(self, name: str | None) -> EncoderSlot:
         """The encoder an embeddings request names."""
+        self.check_halt()
         if name is None:
             if len(self.encoders) == 1:
                 return next(iter(self.encoders.values()))
@@ -209,6 +224,7 @@ class Registry:
 
     def _unknown(self, name: str) -> APIError:
         if name in self.loading:
+            self.refusals[(name, 503, "model_loading")] += 1
             return APIError(503, f"model {name!r} is still loading", param="model", code="model_loading")
         served = ", ".join(sorted({*self.slots, *self.encoders})) or "none"
         return APIError(

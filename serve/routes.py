@@ -12,11 +12,13 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from aiohttp import web
+from goinfer.runtime import selftest
 from pydantic import BaseModel, ConfigDict, Field
 
 from . import embeddings, pipeline
 from .errors import bad_request, unsupported
 from .events import ChatChunks, CompletionChunks
+from .guards import HALT
 from .keys import REGISTRY, STARTED
 from .middleware import Body, read_request, text_body
 from .pipeline import Job, Sampling, text_of
@@ -262,4 +264,21 @@ async def health(request: web.Request) -> web.Response:
         for name, s in reg.slots.items()
     }
     models.update({name: embeddings.health(s) for name, s in reg.encoders.items()})
-    return web.json_response({"status": "ok", "models": models, "loading": sorted(reg.loading)})
+    for entry in models.values():  # each model's checks, always an array (the seed's shape)
+        entry["selftest"] = _as_array(entry.get("selftest"))
+    halted = request.config_dict[HALT].health()
+    return web.json_response(
+        {
+            "status": "halted" if halted else "ok",
+            **({"halted": halted} if halted else {}),  # {"by": "admin" | "swap guard", "reason"}
+            "models": models,
+            "loading": sorted(reg.loading),
+            # every backend/tier check this process ran: backend, status, elapsed_ms, and
+            # mismatches and stepped_down when there are any
+            "selftest": [r.to_json() for r in selftest.RESULTS],
+        }
+    )
+
+
+def _as_array(result: dict[str, Any] | list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    return result if isinstance(result, list) else [] if result is None else [result]
