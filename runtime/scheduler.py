@@ -146,6 +146,8 @@ class Scheduler:
         self._stopped = False
         self._blocked = False  # the head prompt waits for pages: only a release can free them
         self._stats = self._count()
+        # Totals since start, for the server's /metrics (ints written on the scheduler thread, read anywhere)
+        self.preemptions = self.drafted = self.accepted = 0
         self._thread = threading.Thread(target=self._loop, name="goinfer-scheduler", daemon=True)
         self._thread.start()
 
@@ -429,6 +431,8 @@ class Scheduler:
         self._drop_drafts(s)
         if s.spec is not None:  # one line a generation under --spec / --drafter
             log.info(s.spec.log_line())
+            self.drafted += sum(d.drafted for d in s.spec.drafters)
+            self.accepted += sum(d.accepted for d in s.spec.drafters)
             s.spec.close()
         seq, s.seq = s.seq, None
         if seq is not None and seq.id in self.pool.seqs:
@@ -511,6 +515,7 @@ class Scheduler:
     def _preempt(self, s: Session, token: int) -> None:
         """Drop `s`'s KV; it is recomputed from its tokens (and `token`) as a prompt, first in line."""
         log.info("KV cache full: preempting a generation of %d tokens", len(s.seq.tokens))
+        self.preemptions += 1
         history = [*s.seq.tokens, token]
         self.pool.drop(s.seq)
         s.seq, s.pending, s.fed = None, history, 0

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections import deque
+from collections import Counter, deque
 from contextlib import suppress
 from dataclasses import dataclass, field
 
@@ -67,6 +67,9 @@ class EncoderSlot:
         self.config = config or EmbeddingsConfig()
         self.admitted = 0  # requests running or waiting (counted on the event loop)
         self.forwards = 0  # embed_ids calls made
+        # For /metrics: requests answered, their inputs and tokens; refusals by (model, status, reason)
+        self.answered = self.inputs_embedded = self.tokens_embedded = 0
+        self.refusals: Counter[tuple[str, int, str]] = Counter()
         self._pending: deque[_Job] = deque()
         self._wake = threading.Condition()
         self._closed = False
@@ -76,6 +79,7 @@ class EncoderSlot:
     async def embed(self, inputs: list[list[int]], retry_after_s: int = 1) -> np.ndarray:
         """The inputs' vectors, (len(inputs), dimensions), in order; a 429 when the queue is full."""
         if self.admitted >= self.config.max_queue:
+            self.refusals[(self.name, 429, "queue_full")] += 1
             raise APIError(
                 429,
                 f"embedding model {self.name!r} is busy: {self.admitted} requests running or queued "
@@ -89,10 +93,15 @@ class EncoderSlot:
         try:
             with self._wake:
                 if self._closed:
+                    self.refusals[(self.name, 503, "closed")] += 1
                     raise APIError(503, f"embedding model {self.name!r} is shutting down", code="closed")
                 self._pending.append(job)
                 self._wake.notify()
-            return await job.future
+            rows = await job.future
+            self.answered += 1
+            self.inputs_embedded += len(inputs)
+            self.tokens_embedded += sum(map(len, inputs))
+            return rows
         finally:
             self.admitted -= 1
             job.gone.set()  # the client left (or the answer is in): the worker skips what is left

@@ -33,6 +33,7 @@ from .engine import Engine
 from .errors import APIError, bad_request, unsupported
 from .events import Delta, EventBuilder, respond, text_deltas
 from .keys import CONFIG, REGISTRY
+from .metrics import METRICS, Watch
 from .registry import ModelSlot
 from .tools import ToolPlan, plan_tools, prepare_messages
 from .tools.stream import ToolDeltas
@@ -291,10 +292,14 @@ class Plan:
         r = self.request
         return Reply(self.model, len(r.prompt_ids), self.logprobs, self.rules.tools, r.sampling)
 
-    def deltas(self, engine: Engine, cancel: threading.Event | None = None) -> Iterator[Delta]:
+    def deltas(
+        self, engine: Engine, cancel: threading.Event | None = None, watch: Watch | None = None
+    ) -> Iterator[Delta]:
         """The one generation path: the engine's token events folded into client deltas."""
         confidence = self.rules.confidence
         events = logged(engine.generate(self.request, cancel), self.model)
+        if watch is not None:  # /metrics: timed and counted on this worker thread
+            events = watch(events, len(self.request.prompt_ids), cancel)
         if self.rules.constrained:
             events = grammar_checked(events, self.rules)
         steps: list[StepEvent] = []
@@ -343,11 +348,14 @@ async def prepare(request: web.Request, job: Job) -> tuple[ModelSlot, Rules, lis
 
 async def run(request: web.Request, job: Job) -> web.StreamResponse:
     """The whole pipeline: queue the plan on the model's worker; its events as SSE, or their fold."""
+    arrived = time.perf_counter()
     slot, rules, ids = await prepare(request, job)
     mask = await asyncio.to_thread(constraint, rules, slot.engine) if rules.constrained else None
     cfg = request.config_dict[CONFIG]
     plan = make_plan(job, slot, rules, ids, mask, cfg.sampling)
-    work = slot.submit(partial(plan.deltas, slot.engine), cfg.poll_s, cfg.retry_after_s)
+    metrics = request.config_dict.get(METRICS)
+    watch = metrics.watch(slot.name, arrived) if metrics is not None else None
+    work = slot.submit(partial(plan.deltas, slot.engine, watch=watch), cfg.poll_s, cfg.retry_after_s)
     builder = job.reply(plan.reply())
     return await respond(request, work, builder, stream=job.stream, keepalive_s=cfg.keepalive_s)
 
