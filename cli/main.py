@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 from typing import Any
 
@@ -22,6 +23,7 @@ from goinfer.serve.config import (
     BatchConfig,
     SamplingDefaults,
     ServeConfig,
+    SwapGuardConfig,
     default_batch_dir,
 )
 
@@ -192,6 +194,12 @@ _N0, _N1 = click.IntRange(min=0), click.IntRange(min=1)
     help="HOST:PORT to listen on",
 )
 @click.option(
+    "--grpc-addr",
+    default=None,
+    help="HOST:PORT for the KServe v2 gRPC service (inference.GRPCInferenceService and gRPC health), "
+    "over the same models, key and TLS",
+)
+@click.option(
     "--api-key", envvar="GOINFER_API_KEY", default=None, help="require this key (or $GOINFER_API_KEY)"
 )
 @click.option("--tls-cert", default=None, type=click.Path(dir_okay=False), help="PEM certificate for HTTPS")
@@ -338,10 +346,13 @@ def serve(
     from goinfer.serve import decisions, server
     from goinfer.serve.app import create_app
     from goinfer.serve.config import EmbeddingsConfig, parse_addr
+    from goinfer.serve.guards import HALT
     from goinfer.serve.keys import CAPS
 
     try:
         host, port = parse_addr(addr)
+        if knobs.get("grpc_addr"):
+            parse_addr(knobs["grpc_addr"])  # the same HOST:PORT form, refused before any model loads
         defaults = BuildOptions(quant=quant, kv_dtype=KV_DTYPES[kv_dtype])
         draft_bundle = resolve_drafter(drafter, dataclasses.replace(defaults, quant=drafter_quant))
         engine = options.config(SchedulerConfig, knobs, drafter=str(draft_bundle) if draft_bundle else None)
@@ -355,12 +366,13 @@ def serve(
             sampling=options.config(SamplingDefaults, knobs),
             embeddings=EmbeddingsConfig(quant=embed_quant),
             batch=BatchConfig(dir=knobs["batch_dir"], max_file_bytes=knobs["max_file_bytes"]),
+            swap_guard=SwapGuardConfig.parse(os.environ.get("GOINFER_SWAP_GUARD")),
         )
         server.check_exposure(config)  # before any model loads: a refusal costs nothing
         decisions.load_calibration(config.decisions_calibration, config.decisions_template)
         server.log_to_stderr()
         context = server.ssl_context(config)
-        load = engine_loader(defaults, not no_selftest, engine, device)
+        load = engine_loader(defaults, not no_selftest, engine, device, config.swap_guard)
         specs = (*((bundle,) if bundle else ()), *models) or (() if embed_models else (DEFAULT_MODEL,))
         named = model_specs(specs)
         encoders = {
@@ -374,6 +386,12 @@ def serve(
     app = create_app(engines, config, loader=loader, encoders=encoders)
     for line in server.banner(config, app[CAPS], engines, encoders):
         click.echo(line)
+    click.echo(f"  {app[HALT].swap.describe()}")  # its baseline is measured with the models loaded
+    if config.grpc_addr:  # KServe v2 gRPC on the app's own loop, started and stopped with it
+        from goinfer.serve.kserve import grpc_server
+
+        tls = (config.tls_cert, config.tls_key) if config.tls else None
+        app.cleanup_ctx.append(grpc_server.lifetime(config.grpc_addr, tls))  # type: ignore[arg-type]
     server.run(app, config, context)
 
 
@@ -401,6 +419,7 @@ def engine_loader(
     self_test: bool = True,
     engine: SchedulerConfig | None = None,
     device: str = "auto",
+    swap: SwapGuardConfig | None = None,
 ):
     """(name, ref, quant or None) -> a ModelEngine: what `serve` loads its models with, and the
     admin route its later ones (a checkpoint built with `defaults`, the quant given). A reason not
@@ -409,17 +428,40 @@ def engine_loader(
 
     def load(name: str, ref: str, quant: str | None):
         from goinfer.compiler.resolve import resolve
+        from goinfer.serve.guards import load_guarded
         from goinfer.serve.model_engine import ModelEngine
 
         try:
             bundle = resolve(ref, dataclasses.replace(defaults, quant=quant or defaults.quant))
-            return ModelEngine.load(
-                bundle, self_test=None if self_test else False, config=engine, device=device
+            config, terms = fitted(name, bundle, engine or SchedulerConfig())
+            return load_guarded(
+                swap or SwapGuardConfig(threshold_mb=None),
+                lambda: ModelEngine.load(
+                    bundle, self_test=None if self_test else False, config=config, device=device
+                ),
+                terms,
+                lambda e: e.close(),
             )
         except user_errors() as e:
             raise ValueError(f"--model {name}={ref}: {e}") from None
 
     return load
+
+
+def fitted(name: str, bundle, engine: SchedulerConfig) -> tuple[SchedulerConfig, str]:
+    """The model priced before it loads (runtime/fit.py): the scheduler config to load it with (its
+    context shrunk when --ctx was not given and it does not fit), and the priced terms. FitError (a
+    ValueError) refuses in one line."""
+    from goinfer.artifacts import giw
+    from goinfer.artifacts.manifest import Manifest
+    from goinfer.runtime import fit
+
+    with giw.open_bundle(bundle, verify="none") as b:  # the load verifies; this reads the manifest
+        cost = fit.ModelCost.of(name, b, Manifest.of(b))
+    decision = fit.plan(cost, engine.context, engine.kv_tokens, log=lambda line: click.echo(line, err=True))
+    if decision.shrunk_from is not None:
+        engine = dataclasses.replace(engine, context=decision.context)
+    return engine, decision.price.describe()
 
 
 @main.command("decisions-calibrate")

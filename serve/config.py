@@ -134,6 +134,9 @@ class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 8080
     api_key: str | None = None
+    # `--grpc-addr HOST:PORT`: the KServe v2 gRPC service (serve/kserve) in this process, over the same
+    # models, key, TLS and limits; None: no gRPC
+    grpc_addr: str | None = None
     # `--metrics-addr HOST:PORT`: GET /metrics there instead of on the API's port; open without the key
     # only when bound to loopback (serve/metrics.py). None: on the API's port, behind the key
     metrics_addr: str | None = None

@@ -11,7 +11,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from . import embeddings
-from .config import BodyCaps, ServeConfig
+from .config import BodyCaps, ServeConfig, is_loopback, parse_addr
 from .engine import Embedder, Engine
 
 
@@ -25,6 +25,10 @@ def check_exposure(config: ServeConfig) -> None:
         raise ExposureError(
             f"--addr {config.host}:{config.port} is not loopback: pass --api-key (or set GOINFER_API_KEY) "
             "to serve off this machine"
+        )
+    if config.grpc_addr and not config.api_key and not is_loopback(parse_addr(config.grpc_addr)[0]):
+        raise ExposureError(
+            f"--grpc-addr {config.grpc_addr} is not loopback: pass --api-key to serve off this machine"
         )
     if bool(config.tls_cert) != bool(config.tls_key):
         raise ExposureError("TLS needs both --tls-cert and --tls-key")
@@ -68,6 +72,8 @@ def banner(
             f"  embeddings: a queue of their own, up to {m.max_batch_tokens} tokens a forward across "
             f"requests, {m.max_queue} requests at most"
         )
+    if config.grpc_addr:
+        lines.append(f"  KServe v2 gRPC on {config.grpc_addr} (REST v2 under /v2 on the HTTP port)")
     lines.append(f"  body caps: {caps.describe()}")
     where = config.batch.dir or "a temporary folder"
     lines.append(
