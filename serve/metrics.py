@@ -30,6 +30,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from .config import ServeConfig, is_loopback, parse_addr
+from .errors import APIError
 from .keys import CAPS, CONFIG, REGISTRY
 from .registry import Registry
 
@@ -252,14 +253,29 @@ async def scrape(request: web.Request) -> web.Response:
 
 def install(app: web.Application, config: ServeConfig) -> None:
     """/metrics on the API's port, or (--metrics-addr) on a port of its own started with the app."""
-    metrics = Metrics(app[REGISTRY])
-    for name in app[REGISTRY].slots:
+    registry = app[REGISTRY]
+    metrics = Metrics(registry)
+    for name in registry.slots:
         metrics.add(name)
     app[METRICS] = metrics
+    registry.check_halt = _counted(registry.check_halt, registry)
     if config.metrics_addr is None:
         app.router.add_get("/metrics", scrape)
     else:
         app.cleanup_ctx.append(apart)
+
+
+def _counted(check: Callable[[], None], registry: Registry) -> Callable[[], None]:
+    """The halt check (guards.py), its 503s counted; a halt is the server's, so model="*"."""
+
+    def counted() -> None:
+        try:
+            check()
+        except APIError as e:
+            registry.refusals[("*", e.status, e.code or "halted")] += 1
+            raise
+
+    return counted
 
 
 def metrics_config(config: ServeConfig) -> ServeConfig:

@@ -150,6 +150,15 @@ async def test_a_429_is_counted_by_reason_and_the_running_gauge_moves(aiohttp_cl
 
 
 @pytest.mark.asyncio
+async def test_a_halt_is_counted_as_a_503_by_reason(aiohttp_client) -> None:
+    client = await client_for(aiohttp_client, allow_admin=True)
+    assert (await client.post("/admin/halt", json={"reason": "upgrade"})).status == 200
+    assert (await client.post("/v1/chat/completions", json=chat("hi"))).status == 503
+    got = await scrape(client)
+    assert value(got, "requests_rejected_total", model="*", code="503", reason="halted") == 1
+
+
+@pytest.mark.asyncio
 async def test_embeddings_are_counted_per_encoder(aiohttp_client) -> None:
     enc = FakeEncoder()
     client = await client_for(aiohttp_client, {}, {"enc": enc})
