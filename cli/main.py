@@ -199,6 +199,13 @@ _N0, _N1 = click.IntRange(min=0), click.IntRange(min=1)
     help="HOST:PORT for the KServe v2 gRPC service (inference.GRPCInferenceService and gRPC health), "
     "over the same models, key and TLS",
 )
+@knob(
+    "--metrics-addr",
+    ServeConfig,
+    "metrics_addr",
+    "HOST:PORT for GET /metrics (Prometheus) on a port of its own instead of the API's: no key there "
+    "when bound to loopback, --api-key otherwise",
+)
 @click.option(
     "--api-key", envvar="GOINFER_API_KEY", default=None, help="require this key (or $GOINFER_API_KEY)"
 )
@@ -343,7 +350,7 @@ def serve(
     --embed-model, no chat model is served."""
     from goinfer.compiler.resolve import model_specs
     from goinfer.compiler.sources.zoo import DEFAULT_MODEL
-    from goinfer.serve import decisions, server
+    from goinfer.serve import decisions, metrics, server
     from goinfer.serve.app import create_app
     from goinfer.serve.config import EmbeddingsConfig, parse_addr
     from goinfer.serve.guards import HALT
@@ -369,6 +376,8 @@ def serve(
             swap_guard=SwapGuardConfig.parse(os.environ.get("GOINFER_SWAP_GUARD")),
         )
         server.check_exposure(config)  # before any model loads: a refusal costs nothing
+        if config.metrics_addr:
+            metrics.metrics_config(config)  # its address, and a key where it is not loopback
         decisions.load_calibration(config.decisions_calibration, config.decisions_template)
         server.log_to_stderr()
         context = server.ssl_context(config)
@@ -386,6 +395,7 @@ def serve(
     app = create_app(engines, config, loader=loader, encoders=encoders)
     for line in server.banner(config, app[CAPS], engines, encoders):
         click.echo(line)
+    click.echo(f"  {metrics.describe(config)}")
     click.echo(f"  {app[HALT].swap.describe()}")  # its baseline is measured with the models loaded
     if config.grpc_addr:  # KServe v2 gRPC on the app's own loop, started and stopped with it
         from goinfer.serve.kserve import grpc_server

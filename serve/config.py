@@ -140,9 +140,6 @@ class ServeConfig:
     # `--metrics-addr HOST:PORT`: GET /metrics there instead of on the API's port; open without the key
     # only when bound to loopback (serve/metrics.py). None: on the API's port, behind the key
     metrics_addr: str | None = None
-    # `--metrics-addr HOST:PORT`: GET /metrics there instead of on the API's port; open without the key
-    # only when bound to loopback (serve/metrics.py). None: on the API's port, behind the key
-    metrics_addr: str | None = None
     max_queue: int = 8  # requests that may wait per model behind the running ones
     # Generations per model at once: the scheduler's own figure (its KV cache is sized for them).
     max_concurrent: int = SchedulerConfig.max_concurrent

@@ -278,6 +278,16 @@ def _counted(check: Callable[[], None], registry: Registry) -> Callable[[], None
     return counted
 
 
+def describe(config: ServeConfig) -> str:
+    """The banner's line."""
+    if config.metrics_addr is None:
+        key = " (behind the API key)" if config.api_key else ""
+        return f"metrics: GET /metrics on this port{key}"
+    own = metrics_config(config)
+    key = "behind the API key" if own.api_key else "open on loopback"
+    return f"metrics: GET /metrics on {own.host}:{own.port} only ({key})"
+
+
 def metrics_config(config: ServeConfig) -> ServeConfig:
     """The metrics port's own settings: its address, and no key when it is bound to loopback.
     A ValueError (for the CLI, before any model loads) when it is not loopback and has no key."""

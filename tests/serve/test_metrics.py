@@ -13,7 +13,9 @@ from typing import Any
 
 import aiohttp
 import pytest
+from click.testing import CliRunner
 from fake_engine import FakeEncoder, ScriptedEngine
+from goinfer.cli.main import main
 from goinfer.runtime.decode import GenerationRequest, StepEvent
 from goinfer.serve.app import create_app
 from goinfer.serve.config import ServeConfig
@@ -204,6 +206,12 @@ def test_metrics_addr_off_loopback_needs_the_key() -> None:
         metrics_config(ServeConfig(metrics_addr="nonsense"))
     assert metrics_config(ServeConfig(metrics_addr="0.0.0.0:9464", api_key="k")).api_key == "k"
     assert metrics_config(ServeConfig(metrics_addr="127.0.0.1:9464", api_key="k")).api_key is None
+
+
+def test_serve_refuses_an_open_metrics_port_off_loopback_before_loading() -> None:
+    args = ["serve", "--model", "nowhere.giw", "--metrics-addr", "0.0.0.0:9464"]
+    result = CliRunner().invoke(main, args, env={"GOINFER_API_KEY": ""})
+    assert result.exit_code != 0 and "--metrics-addr 0.0.0.0:9464 is not loopback" in result.output
 
 
 @pytest.mark.slow
