@@ -34,6 +34,7 @@ from .engine import Embedder, Engine
 from .errors import openai_envelope
 from .guards import HALT, Halt, SwapGuard, monitor
 from .keys import CALIBRATION, CAPS, CONFIG, LOADER, REGISTRY, RESPONSES, STARTED, Loader
+from .kserve import rest as kserve_rest
 from .middleware import SAME_ORIGIN_ONLY, cors_headers, embedding_routes, guards, text_routes
 from .registry import Registry
 
@@ -69,6 +70,7 @@ def create_app(
     app.add_routes(responses.routes)
     app.add_routes(decisions.routes)
     app.add_routes(embeddings.routes)
+    app.add_routes(kserve_rest.routes)  # /v2: KServe v2 REST and Triton's generate extension
     metrics.install(app, config)  # GET /metrics here, or on --metrics-addr
     # /v1/files, /v1/batches, /v1/messages/batches: on disk under --batch-dir, run by one worker task
     app[batches.BATCHES], tmp = batches.make(config, registry)

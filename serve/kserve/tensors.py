@@ -106,18 +106,32 @@ def check_outputs(names: list[str]) -> None:
             raise bad_request(f"requested output {n!r} does not exist: this model has {TEXT_OUTPUT!r}", n)
 
 
-def json_inputs(body: Any) -> tuple[dict[str, Any], dict[str, Any], list[str], str]:
-    """REST v2's infer body -> (inputs, parameters, requested outputs, id)."""
+def json_inputs(body: Any, binary: bytes = b"") -> tuple[dict[str, Any], dict[str, Any], list[str], str]:
+    """REST v2's infer body -> (inputs, parameters, requested outputs, id). An input whose
+    `parameters.binary_data_size` is set takes its bytes from `binary`, in input order (Triton's
+    binary extension), in the raw layout gRPC's raw_input_contents has."""
     if not isinstance(body, dict) or not isinstance(body.get("inputs"), list):
         raise bad_request("the body must be a JSON object with an 'inputs' list", "inputs")
     params = body.get("parameters") or {}
     if not isinstance(params, dict):
         raise bad_request("parameters must be an object", "parameters")
     out: dict[str, Any] = {}
+    at = 0
     for i, t in enumerate(body["inputs"]):
         if not isinstance(t, dict) or not isinstance(t.get("name"), str):
             raise bad_request(f"inputs.{i} must be an object with a name", f"inputs.{i}")
         name, shape, data = t["name"], t.get("shape"), t.get("data")
+        size = (t.get("parameters") or {}).get("binary_data_size")
+        if size is not None:
+            if not isinstance(size, int) or size < 0 or at + size > len(binary):
+                raise bad_request(f"input {name!r}: binary_data_size runs past the body", name)
+            chunk, at = binary[at : at + size], at + size
+            want = INPUTS.get(name, ("",))[0]
+            data = (
+                [_text(b, name) for b in _raw_bytes(chunk, name)]
+                if want == "BYTES"
+                else [b != 0 for b in chunk]
+            )
         if not isinstance(shape, list) or not all(
             isinstance(d, int) and not isinstance(d, bool) for d in shape
         ):

@@ -326,3 +326,106 @@ async def test_a_client_that_leaves_mid_stream_cancels_its_run(served) -> None:
             break
         await asyncio.sleep(0.01)
     assert slot.admitted == 0
+
+
+# -- REST v2 ---------------------------------------------------------------------------------------
+HEADERS = {"Authorization": f"Bearer {KEY}"}
+
+
+def rest_infer(text: Any = "hi", **extra: Any) -> dict[str, Any]:
+    inputs = [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": [text]}]
+    return {"id": "x", "inputs": inputs, **extra}
+
+
+async def test_rest_health_metadata_and_ready(served) -> None:
+    http = (await served()).http
+    for path in ("/v2/health/live", "/v2/health/ready", "/v2", "/v2/models/fake", "/v2/models/fake/ready"):
+        r = await http.get(path, headers=HEADERS)
+        assert r.status == 200, (path, await r.text())
+    meta = await (await http.get("/v2/models/fake", headers=HEADERS)).json()
+    assert meta["name"] == "fake" and meta["outputs"][0]["name"] == "text_output"
+    assert (await http.get("/v2/health/live")).status == 401  # the key, as every route
+    r = await http.get("/v2/models/nope/ready", headers=HEADERS)
+    assert r.status == 404 and set(await r.json()) == {"error"}
+    r = await http.get("/v2/models/fake/versions/2", headers=HEADERS)
+    assert r.status == 404
+
+
+async def test_rest_infer(served) -> None:
+    http = (await served()).http
+    r = await http.post("/v2/models/fake/infer", json=rest_infer(), headers=HEADERS)
+    body = await r.json()
+    assert r.status == 200, body
+    assert body["outputs"] == [
+        {"name": "text_output", "datatype": "BYTES", "shape": [1], "data": ["hi" + REPLY]}
+    ]
+    assert body["id"] == "x" and body["parameters"]["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [
+        ({"inputs": []}, 400),
+        (rest_infer(5), 400),
+        ({"inputs": [{"name": "text_input", "datatype": "FP32", "shape": [1], "data": [1.0]}]}, 400),
+        ({"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [2], "data": ["a", "b"]}]}, 400),
+        (rest_infer(parameters={"temperature": "hot"}), 400),
+        (rest_infer(parameters={"best_of": 3}), 400),
+        (rest_infer(outputs=[{"name": "logits"}]), 400),
+        ("not an object", 400),
+    ],
+)
+async def test_rest_infer_refusals(served, body: Any, status: int) -> None:
+    http = (await served()).http
+    r = await http.post("/v2/models/fake/infer", json=body, headers=HEADERS)
+    out = await r.json()
+    assert r.status == status and isinstance(out["error"], str), out
+
+
+async def test_rest_infer_unknown_model_is_404(served) -> None:
+    http = (await served()).http
+    r = await http.post("/v2/models/nope/infer", json=rest_infer(), headers=HEADERS)
+    assert r.status == 404
+
+
+async def test_generate_and_generate_stream(served) -> None:
+    g = await served()
+    body = {"text_input": "hi", "parameters": {"temperature": 0, "max_tokens": 3}}
+    r = await g.http.post("/v2/models/fake/generate", json=body, headers=HEADERS)
+    out = await r.json()
+    assert r.status == 200, out
+    assert out["text_output"] == "hi" + "".join(PIECES[:3]) and out["finish_reason"] == "length"
+    assert g.engines["fake"].params[-1].max_tokens == 3
+    body = {"text_input": "hi", "exclude_input_in_output": True, "sampling_parameters": '{"max_tokens": 9}'}
+    r = await g.http.post("/v2/models/fake/generate_stream", json=body, headers=HEADERS)
+    assert r.status == 200 and r.headers["Content-Type"].startswith("text/event-stream")
+    text = (await r.read()).decode()
+    events = [json.loads(b[6:]) for b in text.split("\n\n") if b.startswith("data: ")]
+    assert "".join(e["text_output"] for e in events) == REPLY and len(events) > 1
+    assert events[-1]["finish_reason"] == "stop"
+
+
+async def test_generate_refusals(served) -> None:
+    http = (await served()).http
+    for body, status in (
+        ({"parameters": {}}, 400),
+        ({"text_input": 3}, 400),
+        ({"text_input": "x" * 500}, 400),
+    ):
+        for route in ("generate", "generate_stream"):
+            r = await http.post(f"/v2/models/fake/{route}", json=body, headers=HEADERS)
+            assert r.status == status and "error" in await r.json(), (route, body)
+
+
+async def test_generate_stream_full_queue_is_429_before_the_stream(served) -> None:
+    gate = threading.Event()
+    g = await served({"fake": ScriptedEngine(gate=gate)}, max_queue=0, max_concurrent=1)
+    first = asyncio.ensure_future(
+        g.http.post("/v2/models/fake/generate", json={"text_input": "a"}, headers=HEADERS)
+    )
+    while not g.engines["fake"].started.is_set():
+        await asyncio.sleep(0.01)
+    r = await g.http.post("/v2/models/fake/generate_stream", json={"text_input": "b"}, headers=HEADERS)
+    assert r.status == 429 and "busy" in (await r.json())["error"]
+    gate.set()
+    assert (await first).status == 200
