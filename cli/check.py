@@ -1,5 +1,6 @@
 """`goinfer check --hardware`: the kernel self-test (a bundle's, or freshly compiled kernels'),
-decided as every model load decides it (runtime/selftest.py), and the machine's report."""
+decided as every model load decides it (runtime/selftest.py), and the machine's report; with
+`--fit MODEL`, the memory-fit decisions a load of MODEL would make (runtime/fit.py)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,23 @@ from pathlib import Path
 from typing import Any
 
 import click
+from goinfer.runtime.config import SchedulerConfig
 
 from .errors import fail, user_errors
 
 
 @click.command()
 @click.option("--hardware", is_flag=True, help="print the block a hardware bug report needs")
+@click.option("--fit", "fit_model", metavar="MODEL", help="add the memory-fit decisions for loading MODEL")
+@click.option("--ctx", type=click.IntRange(min=0), default=SchedulerConfig.context, help="as serve's --ctx")
+@click.option(
+    "--kv-tokens",
+    type=click.IntRange(min=0),
+    default=SchedulerConfig.kv_tokens,
+    help="as serve's --kv-tokens",
+)
 @click.argument("bundle", required=False, type=click.Path(dir_okay=False))
-def check(hardware: bool, bundle: str | None) -> None:
+def check(hardware: bool, fit_model: str | None, ctx: int, kv_tokens: int, bundle: str | None) -> None:
     """Self-test the CPU kernels (a BUNDLE's own, or freshly compiled ones) and report the machine."""
     if not hardware:
         fail("nothing to check: pass --hardware")
@@ -28,6 +38,33 @@ def check(hardware: bool, bundle: str | None) -> None:
         click.echo(str(e), err=True)
         tiers = []
     click.echo(hw.render(hw.facts(), tiers))
+    if fit_model:
+        for line in _fit_lines(fit_model, ctx, kv_tokens):
+            click.echo(f"fit       {line}")
+
+
+def _fit_lines(ref: str, ctx: int, kv_tokens: int) -> list[str]:
+    """What a load of `ref` would decide: fits, the context it would shrink to, or the refusal."""
+    from goinfer.artifacts import giw
+    from goinfer.artifacts.manifest import Manifest
+    from goinfer.compiler.build import BuildOptions
+    from goinfer.compiler.resolve import resolve
+    from goinfer.runtime import fit
+
+    try:
+        bundle = resolve(ref, BuildOptions())
+        with giw.open_bundle(bundle, verify="none") as b:
+            cost = fit.ModelCost.of(ref, b, Manifest.of(b))
+    except user_errors() as e:
+        fail(f"--fit {ref}: {e}")
+    try:
+        decision = fit.plan(cost, ctx, kv_tokens)
+    except fit.FitError as e:
+        return [f"refused: {e}"]
+    lines = [line.removeprefix("fit: ") for line in decision.lines]
+    if decision.shrunk_from is not None:
+        lines.append(f"{ref}: loads with context {decision.context:,} (shrunk from {decision.shrunk_from:,})")
+    return lines
 
 
 def _self_test_bundle(path: str) -> list[tuple[str, str]]:

@@ -443,7 +443,7 @@ def engine_loader(
 
         try:
             bundle = resolve(ref, dataclasses.replace(defaults, quant=quant or defaults.quant))
-            config, terms = fitted(name, bundle, engine or SchedulerConfig())
+            config, terms = fit_config(name, bundle, engine or SchedulerConfig())
             return load_guarded(
                 swap or SwapGuardConfig(threshold_mb=None),
                 lambda: ModelEngine.load(
@@ -458,7 +458,7 @@ def engine_loader(
     return load
 
 
-def fitted(name: str, bundle, engine: SchedulerConfig) -> tuple[SchedulerConfig, str]:
+def fit_config(name: str, bundle, engine: SchedulerConfig) -> tuple[SchedulerConfig, str]:
     """The model priced before it loads (runtime/fit.py): the scheduler config to load it with (its
     context shrunk when --ctx was not given and it does not fit), and the priced terms. FitError (a
     ValueError) refuses in one line."""

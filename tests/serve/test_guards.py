@@ -243,3 +243,27 @@ def test_a_load_that_makes_swap_grow_is_refused_in_one_line() -> None:
     meminfo.used_mb = 100
     off = SwapGuardConfig(threshold_mb=None)
     assert load_guarded(off, load, "", closed.append, meminfo) == "engine"
+
+
+def test_serve_prints_the_guard_line_and_reads_goinfer_swap_guard(tiny_bundle, monkeypatch) -> None:
+    from click.testing import CliRunner
+    from goinfer.cli.main import main
+    from goinfer.serve import server
+
+    monkeypatch.setattr(server, "run", lambda app, config, ctx: None)
+
+    def serve(env: str):
+        args = ["serve", "--model", f"tiny={tiny_bundle('qwen2', 'f32')}", "--no-selftest"]
+        return CliRunner().invoke(main, args, env={"GOINFER_API_KEY": "", "GOINFER_SWAP_GUARD": env})
+
+    armed = serve("768")
+    assert armed.exit_code == 0, armed.output
+    line = next(ln for ln in armed.stdout.splitlines() if "swap guard:" in ln).strip()
+    assert line.startswith(
+        "swap guard: armed, threshold +768 MB over baseline (swap used "
+    ) or line.startswith("swap guard: off (no /proc/meminfo"), line
+    assert "fit: tiny: context 256: weights " in armed.stderr
+    off = serve("off")
+    assert "swap guard: off (GOINFER_SWAP_GUARD=off)" in off.stdout
+    bad = serve("lots")
+    assert bad.exit_code == 2 and "GOINFER_SWAP_GUARD='lots'" in bad.stderr
