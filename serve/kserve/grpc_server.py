@@ -22,7 +22,7 @@ from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from ..errors import APIError
-from ..keys import CAPS, CONFIG, REGISTRY
+from ..keys import CAPS, CONFIG
 from . import grpc_predict_v2_pb2 as pb
 from . import grpc_predict_v2_pb2_grpc as pb_grpc
 from . import llm, run, tensors
@@ -80,14 +80,14 @@ class Inference(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ServerReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         await self._authorized(context)
-        return pb.ServerReadyResponse(ready=bool(self.app[REGISTRY].slots))
+        return pb.ServerReadyResponse(ready=run.ready(self.app))
 
     async def ModelReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         await self._authorized(context)
         try:
             run.slot_for(self.app, request.name, request.version)
         except APIError as e:
-            if e.status == 503:  # still loading: not ready, and no error
+            if e.status == 503:  # loading or halted: not ready, and no error
                 return pb.ModelReadyResponse(ready=False)
             await context.abort(code_of(e), e.message)
         return pb.ModelReadyResponse(ready=True)

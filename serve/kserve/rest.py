@@ -16,7 +16,6 @@ from aiohttp import web
 
 from ..errors import APIError, bad_request
 from ..events import SSE_HEADERS
-from ..keys import REGISTRY
 from ..middleware import body_cap_for, read_body, text_body
 from . import grpc_server, llm, run, tensors
 
@@ -42,7 +41,7 @@ async def live(request: web.Request) -> web.Response:
 
 @routes.get("/v2/health/ready")
 async def ready(request: web.Request) -> web.Response:
-    ok = bool(request.config_dict[REGISTRY].slots)
+    ok = run.ready(request.app)
     return web.json_response({"ready": ok}, status=200 if ok else 503)
 
 
@@ -67,7 +66,7 @@ async def model_ready(request: web.Request) -> web.Response:
     try:
         _slot(request)
     except APIError as e:
-        if e.status != 503:  # still loading: not ready, and no error
+        if e.status != 503:  # loading or halted: not ready, and no error
             raise
         return web.json_response({"name": request.match_info["model"], "ready": False}, status=503)
     return web.json_response({"name": request.match_info["model"], "ready": True})

@@ -31,6 +31,16 @@ def slot_for(app: web.Application, name: str, version: str = "") -> ModelSlot:
     return slot
 
 
+def ready(app: web.Application) -> bool:
+    """Ready for new work: a decoder served and no halt (a balancer then sends requests elsewhere)."""
+    registry = app[REGISTRY]
+    try:
+        registry.check_halt()
+    except APIError:
+        return False
+    return bool(registry.slots)
+
+
 @dataclass
 class Outcome:
     text: str = ""

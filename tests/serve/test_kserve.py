@@ -15,6 +15,7 @@ import pytest_asyncio
 from fake_engine import PIECES, ScriptedEngine
 from goinfer.serve.app import create_app
 from goinfer.serve.config import ServeConfig
+from goinfer.serve.guards import HALT
 from goinfer.serve.keys import REGISTRY
 from goinfer.serve.kserve import grpc_predict_v2_pb2 as pb
 from goinfer.serve.kserve import grpc_predict_v2_pb2_grpc as pb_grpc
@@ -429,3 +430,18 @@ async def test_generate_stream_full_queue_is_429_before_the_stream(served) -> No
     assert r.status == 429 and "busy" in (await r.json())["error"]
     gate.set()
     assert (await first).status == 200
+
+
+async def test_a_halt_is_unavailable_and_not_ready(served) -> None:
+    g = await served()
+    g.http.app[HALT].admin = "upgrade"
+    assert await code_of(g.stub.ModelInfer(infer_request(), metadata=AUTH)) == grpc.StatusCode.UNAVAILABLE
+    assert not (await g.stub.ServerReady(pb.ServerReadyRequest(), metadata=AUTH)).ready
+    assert not (await g.stub.ModelReady(pb.ModelReadyRequest(name="fake"), metadata=AUTH)).ready
+    replies = [r async for r in g.stub.ModelStreamInfer(iter([infer_request(stream=True)]), metadata=AUTH)]
+    assert [r.error_message.split(":")[0] for r in replies] == ["UNAVAILABLE"]
+    r = await g.http.post("/v2/models/fake/generate", json={"text_input": "hi"}, headers=HEADERS)
+    assert r.status == 503 and "halted" in (await r.json())["error"]
+    assert (await g.http.get("/v2/health/ready", headers=HEADERS)).status == 503
+    g.http.app[HALT].admin = None
+    assert (await g.stub.ServerReady(pb.ServerReadyRequest(), metadata=AUTH)).ready
