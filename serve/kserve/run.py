@@ -4,6 +4,7 @@ gRPC and REST share it; what differs is only how the deltas are sent."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from .. import pipeline
 from ..errors import APIError, bad_request
 from ..events import Delta, Usage
 from ..keys import CONFIG, REGISTRY
+from ..metrics import METRICS
 from ..registry import ModelSlot
 from . import llm
 
@@ -50,13 +52,16 @@ class Outcome:
 
 async def deltas(app: web.Application, model: str, version: str, req: llm.LLMRequest) -> AsyncIterator[Delta]:
     """The run's deltas; leaving early cancels it (the slot's Generation sees to that)."""
+    arrived = time.perf_counter()
     slot = slot_for(app, model, version)
     cfg = app[CONFIG]
     job = llm.job(slot.name, req)
     rules = pipeline.rules_for(slot.engine, job)
     ids = await pipeline.prompt_ids(slot, job, rules)
     plan = pipeline.make_plan(job, slot, rules, ids, None, cfg.sampling)
-    run = slot.submit(partial(plan.deltas, slot.engine), cfg.poll_s, cfg.retry_after_s)
+    metrics = app.get(METRICS)  # counted in /metrics as the OpenAI routes' requests are
+    watch = metrics.watch(slot.name, arrived) if metrics is not None else None
+    run = slot.submit(partial(plan.deltas, slot.engine, watch=watch), cfg.poll_s, cfg.retry_after_s)
     async with aclosing(run.ticks()) as ticks:
         async for d in ticks:
             if d is not None:

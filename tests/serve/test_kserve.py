@@ -445,3 +445,12 @@ async def test_a_halt_is_unavailable_and_not_ready(served) -> None:
     assert (await g.http.get("/v2/health/ready", headers=HEADERS)).status == 503
     g.http.app[HALT].admin = None
     assert (await g.stub.ServerReady(pb.ServerReadyRequest(), metadata=AUTH)).ready
+
+
+async def test_grpc_and_rest_v2_requests_count_in_metrics(served) -> None:
+    g = await served()
+    await g.stub.ModelInfer(infer_request(), metadata=AUTH)
+    await g.http.post("/v2/models/fake/generate", json={"text_input": "hi"}, headers=HEADERS)
+    text = await (await g.http.get("/metrics", headers=HEADERS)).text()
+    done = [line for line in text.splitlines() if line.startswith("goinfer:request_success_total{")]
+    assert sum(float(line.rsplit(" ", 1)[1]) for line in done) == 2, done
