@@ -135,8 +135,7 @@ def plan(
         line = f"fit: {cost.name}: context {window:,}: {p.describe()}: " + (
             "not checked" if available is None else "fits"
         )
-        log(line)
-        return Fit(context, p, None, (line,))
+        return Fit(context, p, None, (line,))  # logged only when it changes something (a shrink)
     if context or kv_tokens:
         given = f"--ctx {context}" if context else f"--kv-tokens {kv_tokens}"
         raise FitError(

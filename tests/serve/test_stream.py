@@ -92,7 +92,8 @@ def test_a_stop_closes_the_source_generator() -> None:
 def test_serve_reaches_the_runtime_only_through_its_public_surface() -> None:
     """The generation's values (runtime.decode: GenerationRequest in, StepEvents out), the prompt's
     refusal (runtime.prompt), defaults (runtime.config), sampling and grammar primitives, the
-    scheduler's errors; the bundle's
+    scheduler's errors, the memory readings (runtime.fit: the swap guard) and the process's
+    self-test results (runtime.selftest: /health); the bundle's
     Model only in the engine adapter. The reply (stop strings, tool calls, confidence) is built in
     serve/."""
     import ast
@@ -107,6 +108,8 @@ def test_serve_reaches_the_runtime_only_through_its_public_surface() -> None:
         "goinfer.runtime.sampler",
         "goinfer.runtime.grammar",
         "goinfer.runtime.scheduler",
+        "goinfer.runtime.fit",
+        "goinfer.runtime.selftest",
     }
     used: dict[str, set[str]] = {}
     for path in Path(goinfer.serve.__file__).parent.rglob("*.py"):
