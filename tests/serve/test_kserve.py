@@ -86,9 +86,9 @@ def text_of(resp: pb.ModelInferResponse) -> str:
     return raw[4:].decode()
 
 
-async def code_of(call: Any) -> grpc.StatusCode:
+async def code_of(call: Any, timeout: bool = False) -> grpc.StatusCode:
     with pytest.raises(grpc.aio.AioRpcError) as e:
-        await call
+        await (asyncio.wait_for(call, 10) if timeout else call)
     assert e.value.code() != grpc.StatusCode.UNKNOWN
     return e.value.code()
 
@@ -454,3 +454,33 @@ async def test_grpc_and_rest_v2_requests_count_in_metrics(served) -> None:
     text = await (await g.http.get("/metrics", headers=HEADERS)).text()
     done = [line for line in text.splitlines() if line.startswith("goinfer:request_success_total{")]
     assert sum(float(line.rsplit(" ", 1)[1]) for line in done) == 2, done
+
+
+async def test_tls_with_the_servers_cert_and_key(tmp_path) -> None:
+    """`lifetime` (what `goinfer serve --grpc-addr` starts) serves TLS from --tls-cert/--tls-key."""
+    import subprocess
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+         "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    from serve_process import free_port
+
+    port = free_port()
+    app = create_app({"fake": ScriptedEngine()}, ServeConfig(**FAST, api_key=KEY))
+    ctx = grpc_server.lifetime(f"127.0.0.1:{port}", (str(cert), str(key)))(app)
+    await anext(ctx)
+    try:
+        creds = grpc.ssl_channel_credentials(cert.read_bytes())
+        async with grpc.aio.secure_channel(f"localhost:{port}", creds) as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            assert text_of(await stub.ModelInfer(infer_request(), metadata=AUTH)) == "hi" + REPLY
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as plain:
+            call = pb_grpc.GRPCInferenceServiceStub(plain).ServerLive(pb.ServerLiveRequest(), metadata=AUTH)
+            assert await code_of(call, timeout=True) == grpc.StatusCode.UNAVAILABLE  # no plaintext beside TLS
+    finally:
+        await anext(ctx, None)
+        for slot in app[REGISTRY].slots.values():
+            slot.close()
