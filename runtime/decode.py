@@ -84,6 +84,7 @@ def sample_tokens(
     logprobs: int | None = None,
     constraint: Constraint | None = None,
     capture: bool = False,
+    prompt_ids: Sequence[int] = (),
 ) -> Iterator[StepEvent]:
     """The decode loop over any logits source (`step(token)` gives the next logits): one event per
     token, then a final event with finish_reason and timings["completion_tokens"].
@@ -91,8 +92,11 @@ def sample_tokens(
     `logprobs` k >= 0 puts each token's log-probability on its event, with the k most likely
     alternatives; None skips them (a full-vocabulary log-softmax per token: ~1.9 ms on Qwen's
     152k vocabulary). `constraint` masks each step to what a grammar allows and ends the reply
-    when the grammar is complete; `capture` records each masked step's choice (StepChoice)."""
-    sampler = Sampler(params)
+    when the grammar is complete; `capture` records each masked step's choice (StepChoice).
+    `prompt_ids` are what repetition_penalty counts as seen before the first token. logit_bias and
+    the penalties act inside the sampler, on the masked logits (a bias never lifts a forbidden
+    token); logprobs are the model's, before them."""
+    sampler = Sampler(params, prompt_ids)
     n, finish = 0, "length"
     while n < budget:
         mask = None
@@ -144,7 +148,16 @@ def generate_events(
     r = request
     budget = r.budget(window)
     for ev in sample_tokens(
-        logits, step, budget, r.sampling, stop_ids, detok.push, r.logprobs, r.constraint, r.capture
+        logits,
+        step,
+        budget,
+        r.sampling,
+        stop_ids,
+        detok.push,
+        r.logprobs,
+        r.constraint,
+        r.capture,
+        prompt_ids,
     ):
         if ev.token_id is not None:
             if first:  # the prompt's counts now: a stop string may end the reply before the end event

@@ -8,11 +8,16 @@
   the same generator picks along their cumulative mass. top_p's nucleus is measured over the FULL
   distribution and then intersected with the top-k set (not HF's renormalize-after-top-k).
 - frequency/presence penalties act on the tokens this sampler has already chosen (OpenAI's rule).
+- Before those, in vLLM's order: `logit_bias` (OpenAI's: added to the chosen ids' logits; a grammar's
+  -inf stays -inf, so a bias never allows a token the grammar forbids), then `repetition_penalty`
+  (vLLM's and llama.cpp's: a seen token's positive logit divided by it, a negative one multiplied,
+  seen = in the prompt or already chosen). Without them the logits are not touched.
 """
 
 from __future__ import annotations
 
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,6 +36,8 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     max_tokens: int | None = 256  # None: the rest of the context window (GenerationRequest.budget)
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100])
+    repetition_penalty: float = 1.0  # > 0; 1.0: off
 
     @property
     def filtered(self) -> bool:
@@ -67,6 +74,26 @@ def apply_penalties(logits: np.ndarray, counts: np.ndarray, frequency: float, pr
     if frequency == 0.0 and presence == 0.0:
         return logits
     return logits - counts * frequency - (counts > 0) * presence
+
+
+def apply_logit_bias(logits: np.ndarray, bias: tuple[tuple[int, float], ...]) -> np.ndarray:
+    """OpenAI's logit_bias: each id's bias added to its logit (a copy; -inf stays -inf)."""
+    if not bias:
+        return logits
+    ids = np.fromiter((t for t, _ in bias), dtype=np.int64, count=len(bias))
+    out = logits.astype(np.float64)
+    np.add.at(out, ids, np.fromiter((b for _, b in bias), dtype=np.float64, count=len(bias)))
+    return out
+
+
+def apply_repetition_penalty(logits: np.ndarray, seen: np.ndarray, penalty: float) -> np.ndarray:
+    """vLLM's rule: where `seen`, a positive logit is divided by `penalty`, any other multiplied."""
+    if penalty == 1.0:
+        return logits
+    z = logits.astype(np.float64)
+    hit = z[seen]
+    z[seen] = np.where(hit > 0, hit / penalty, hit * penalty)
+    return z
 
 
 def softmax(z: np.ndarray) -> np.ndarray:
@@ -147,19 +174,30 @@ def sample(logits: np.ndarray, p: SamplingParams, seed: int, draw: int) -> int:
 class Sampler:
     """Per-request state: the seed, the draw counter and the counts the penalties need."""
 
-    def __init__(self, params: SamplingParams):
+    def __init__(self, params: SamplingParams, prompt_ids: Sequence[int] = ()):
         self.params = params
         self.seed = params.seed if params.seed is not None else secrets.randbits(63)
         self.draws = 0
         self.counts: np.ndarray | None = None
+        self.prompt_ids = prompt_ids  # what repetition_penalty counts as seen, with the chosen tokens
+        self.seen: np.ndarray | None = None
 
     def __call__(self, logits: np.ndarray) -> int:
         p = self.params
         if self.counts is None:
             self.counts = np.zeros(logits.size, dtype=np.float64)
-        # (no copy without penalties: `sample` converts what it needs; greedy needs nothing)
-        z = apply_penalties(logits, self.counts, p.frequency_penalty, p.presence_penalty)
+            if p.repetition_penalty != 1.0:
+                self.seen = np.zeros(logits.size, dtype=bool)
+                ids = np.asarray(self.prompt_ids, dtype=np.int64)
+                self.seen[ids[(ids >= 0) & (ids < logits.size)]] = True
+        # (no copy without these: `sample` converts what it needs; greedy needs nothing)
+        z = apply_logit_bias(logits, p.logit_bias)
+        if self.seen is not None:
+            z = apply_repetition_penalty(z, self.seen, p.repetition_penalty)
+        z = apply_penalties(z, self.counts, p.frequency_penalty, p.presence_penalty)
         tok = sample(z, p, self.seed, self.draws)
         self.draws += 1
         self.counts[tok] += 1
+        if self.seen is not None:
+            self.seen[tok] = True
         return tok

@@ -111,3 +111,55 @@ def test_penalties_follow_openai() -> None:
 def test_temperature_zero_is_greedy_for_any_seed(seed: int) -> None:
     assert Sampler(SamplingParams(temperature=0, seed=seed))(LOGITS) == 0
     assert isinstance(Sampler(SamplingParams(temperature=1.0, seed=seed))(LOGITS), int)
+
+
+# -- logit_bias and repetition_penalty (issue 37 part 3) -----------------------------------------
+def test_logit_bias_plus_100_is_picked_and_minus_100_never() -> None:
+    rng = np.random.default_rng(1)
+    steps = [rng.normal(size=300).astype(np.float32) for _ in range(30)]
+    top = [int(np.argmax(z)) for z in steps]
+    assert _run(SamplingParams(temperature=0, logit_bias=((7, 100.0),)), steps) == [7] * 30
+    banned = _run(SamplingParams(temperature=0, logit_bias=tuple((t, -100.0) for t in set(top))), steps)
+    assert not set(banned) & set(top)
+    for extra in ({}, {"top_k": 5}, {"top_p": 0.9}):
+        drawn = _run(SamplingParams(temperature=1.5, seed=3, logit_bias=((top[0], -100.0),), **extra), steps)
+        assert top[0] not in drawn
+    # A bias adds to the logit: the same as sampling the shifted row.
+    z = steps[0].astype(np.float64)
+    z[5] += 2.5
+    assert np.array_equal(S.apply_logit_bias(steps[0], ((5, 2.5),)), z)
+
+
+def test_a_bias_never_lifts_a_masked_token() -> None:
+    z = np.where(np.arange(10) < 5, np.float32(0.0), np.float32(-np.inf))  # a grammar allows 0..4
+    assert Sampler(SamplingParams(temperature=0, logit_bias=((8, 100.0),)))(z) < 5
+    assert _run(SamplingParams(temperature=1.0, seed=1, logit_bias=((8, 100.0),)), [z] * 50).count(8) == 0
+
+
+def test_repetition_penalty_is_vllms_rule_over_prompt_and_output() -> None:
+    z = np.array([2.0, -1.0, 1.9, 0.5], dtype=np.float32)
+    seen = np.array([True, True, False, False])
+    assert np.allclose(S.apply_repetition_penalty(z, seen, 2.0), [1.0, -2.0, 1.9, 0.5])
+    # Token 0 is in the prompt: penalized before any output.
+    assert Sampler(SamplingParams(temperature=0, repetition_penalty=1.5), prompt_ids=[0])(z) == 2
+    assert Sampler(SamplingParams(temperature=0, repetition_penalty=1.5))(z) == 0
+    # Output counts too, once per token however often it came: 2/3 > 1.9/3 > 0.5 after both are seen.
+    s = Sampler(SamplingParams(temperature=0, repetition_penalty=3.0))
+    assert [s(z) for _ in range(4)] == [0, 2, 0, 0]
+
+
+def test_without_the_new_fields_the_tokens_are_exactly_the_old_ones() -> None:
+    rng = np.random.default_rng(2)
+    steps = [rng.normal(size=400).astype(np.float32) for _ in range(40)]
+    for extra in ({}, {"top_k": 20}, {"top_p": 0.8, "frequency_penalty": 0.5}, {"temperature": 0}):
+        p = SamplingParams(**{"temperature": 0.9, "seed": 11, **extra})
+        old = []
+        counts = np.zeros(400)
+        for i, z in enumerate(steps):  # the loop as it was: penalties, then the draw
+            t = S.sample(S.apply_penalties(z, counts, p.frequency_penalty, p.presence_penalty), p, 11, i)
+            counts[t] += 1
+            old.append(t)
+        assert _run(p, steps) == old
+        assert (
+            _run(SamplingParams(**{**p.__dict__, "repetition_penalty": 1.0, "logit_bias": ()}), steps) == old
+        )
