@@ -314,9 +314,17 @@ def _chat_logprob(e: TokenLogprob) -> dict[str, Any]:
 class CompletionChunks(ChunkBuilder):
     prefix, object = "cmpl", "text_completion"
 
-    def __init__(self, model: str, include_usage: bool, logprobs: bool = False):
+    def __init__(self, model: str, include_usage: bool, logprobs: bool = False, echo: str = ""):
         super().__init__(model, include_usage, logprobs)
         self.offset = 0  # text_offset of the next token, within the completion
+        self.echo = echo  # the prompt, first (echo: true; never with logprobs)
+
+    def start(self) -> list[Chunk]:
+        return (
+            [self._chunk([{"index": 0, "text": self.echo, "logprobs": None, "finish_reason": None}])]
+            if self.echo
+            else []
+        )
 
     def fold(self, events: list[Chunk]) -> dict[str, Any]:
         return fold_completion(events, self.logprobs)

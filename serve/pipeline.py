@@ -58,6 +58,8 @@ class Sampling:
     stops: tuple[str, ...] = ()
     logprobs: bool = False
     top_logprobs: int = 0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias); ids checked in make_plan
+    repetition_penalty: float | None = None
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,7 @@ class Reply:
     logprobs: bool
     tools: ToolPlan | None
     params: SamplingParams  # the sampling the run got, defaults filled in (Responses echoes it)
+    echo: str = ""  # /v1/completions' echo: the prompt's text, sent before the completion
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,7 @@ class Job:
     tools: list[dict[str, Any]] | None = None  # OpenAI's chat form, whatever the API spelled
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
+    echo: bool = False  # /v1/completions: the prompt's text comes first in the reply
     # Where the API's request spelled the schemas, for errors that name them.
     schema_param: str = "response_format.json_schema.schema"
     tool_schema_param: str = "tools.{i}.function.parameters"
@@ -288,9 +292,9 @@ class Plan:
     logprobs: bool
     rules: Rules
 
-    def reply(self) -> Reply:
+    def reply(self, echo: str = "") -> Reply:
         r = self.request
-        return Reply(self.model, len(r.prompt_ids), self.logprobs, self.rules.tools, r.sampling)
+        return Reply(self.model, len(r.prompt_ids), self.logprobs, self.rules.tools, r.sampling, echo)
 
     def deltas(
         self, engine: Engine, cancel: threading.Event | None = None, watch: Watch | None = None
@@ -323,6 +327,11 @@ def make_plan(
     s = job.sampling
     if len(ids) >= slot.engine.info.context_window:
         raise too_long(job, slot, str(len(ids)))
+    vocab = slot.engine.info.vocab_size
+    for tok, _ in s.logit_bias:
+        if vocab and tok >= vocab:
+            msg = f"logit_bias: key '{tok}' is outside the vocabulary (size {vocab})"
+            raise bad_request(msg, param=f"logit_bias.{tok}")
     params = SamplingParams(
         temperature=d.temperature if s.temperature is None else s.temperature,
         top_k=d.top_k if s.top_k is None else s.top_k,
@@ -332,6 +341,8 @@ def make_plan(
         frequency_penalty=s.frequency_penalty or 0.0,
         presence_penalty=s.presence_penalty or 0.0,
         max_tokens=s.max_tokens if s.max_tokens is not None else s.default_max_tokens,
+        logit_bias=s.logit_bias,
+        repetition_penalty=1.0 if s.repetition_penalty is None else s.repetition_penalty,
     )
     capture = rules.confidence is not None
     request = GenerationRequest(ids, params, s.top_logprobs if s.logprobs else None, mask, capture)
@@ -356,8 +367,15 @@ async def run(request: web.Request, job: Job) -> web.StreamResponse:
     metrics = request.config_dict.get(METRICS)
     watch = metrics.watch(slot.name, arrived) if metrics is not None else None
     work = slot.submit(partial(plan.deltas, slot.engine, watch=watch), cfg.poll_s, cfg.retry_after_s)
-    builder = job.reply(plan.reply())
+    builder = job.reply(plan.reply(echo_text(job, slot.engine, ids)))
     return await respond(request, work, builder, stream=job.stream, keepalive_s=cfg.keepalive_s)
+
+
+def echo_text(job: Job, engine: Engine, ids: list[int]) -> str:
+    """The prompt as echo sends it: the text as given, or token ids' texts joined."""
+    if not job.echo:
+        return ""
+    return job.prompt if isinstance(job.prompt, str) else "".join(engine.token_text(i) for i in ids)
 
 
 def grammar_checked(events: Iterator[StepEvent], rules: Rules) -> Iterator[StepEvent]:

@@ -25,6 +25,7 @@ from .pipeline import Job, Sampling, text_of
 from .registry import ModelSlot
 
 MAX_STOPS = 4
+MAX_LOGIT_BIAS = 300  # OpenAI's limit on logit_bias entries
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
 
@@ -64,7 +65,8 @@ class SamplingRequest(Body):
     n: Annotated[int, Field(ge=1)] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = None  # token id -> [-100, 100]; ids checked against the vocabulary
+    repetition_penalty: float | None = None  # vLLM's / llama.cpp's: > 0, 1.0 off
     user: str | None = None
     response_format: dict[str, Any] | None = None
     goinfer_confidence: bool = False  # per-field confidence of a json_schema reply
@@ -142,9 +144,10 @@ def completion_job(req: CompletionRequest) -> Job:
     return Job(
         model=req.model,
         sampling=openai_sampling(req),
-        reply=lambda r: CompletionChunks(r.model, usage, r.logprobs),
+        reply=lambda r: CompletionChunks(r.model, usage, r.logprobs, r.echo),
         prompt=prompt if isinstance(prompt, str) else tuple(prompt),
         prompt_field="prompt",
+        echo=req.echo,
         stream=req.stream,
         response_format=req.response_format,
         confidence=req.goinfer_confidence,
@@ -154,11 +157,9 @@ def completion_job(req: CompletionRequest) -> Job:
 def refuse_unsupported(req: SamplingRequest) -> None:
     if req.n not in (None, 1):
         raise bad_request(f"n={req.n}: only n=1 is supported", param="n")
-    if req.logit_bias:
-        raise unsupported("logit_bias is not supported", "logit_bias")
     if isinstance(req, CompletionRequest):
-        if req.echo:
-            raise unsupported("echo is not supported", "echo")
+        if req.echo and req.logprobs is not None:  # OpenAI would score the prompt's tokens too
+            raise unsupported("echo with logprobs is not supported (no prompt log-probabilities)", "echo")
         if req.suffix:
             raise unsupported("suffix is not supported", "suffix")
         if req.best_of not in (None, 1):
@@ -222,7 +223,33 @@ def openai_sampling(req: SamplingRequest) -> Sampling:
         req.stops,
         logprobs,
         top,
+        logit_bias=logit_bias(req.logit_bias),
+        repetition_penalty=repetition_penalty(req.repetition_penalty),
     )
+
+
+def logit_bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
+    """OpenAI's map of token id (a string) to a bias in [-100, 100], at most 300 entries; the ids
+    are checked against the model's vocabulary in the pipeline (pipeline.make_plan)."""
+    if not bias:
+        return ()
+    if len(bias) > MAX_LOGIT_BIAS:
+        raise bad_request(f"logit_bias: {len(bias)} entries, at most {MAX_LOGIT_BIAS}", param="logit_bias")
+    out = []
+    for key, value in bias.items():
+        if not (key.isascii() and key.isdigit()):
+            raise bad_request(f"logit_bias: key {key!r} is not a token id", param=f"logit_bias.{key}")
+        if not -100 <= value <= 100:
+            where = f"logit_bias.{key}"
+            raise bad_request(f"logit_bias: {key!r} has bias {value}, outside [-100, 100]", param=where)
+        out.append((int(key), float(value)))
+    return tuple(out)
+
+
+def repetition_penalty(value: float | None) -> float | None:
+    if value is not None and not (0 < value < float("inf")):
+        raise bad_request(f"repetition_penalty={value}: must be > 0 (1.0 is off)", param="repetition_penalty")
+    return value
 
 
 @routes.get("/v1/models")

@@ -109,7 +109,8 @@ BAD = [
      "prompt", None),
     ("completions: over-context prompt", "completions", {"model": "fake", "prompt": "y" * 100}, 400,
      "prompt", "context_length_exceeded"),
-    ("completions: echo", "completions", {"model": "fake", "prompt": "a", "echo": True}, 422, "echo", None),
+    ("completions: echo+logprobs", "completions",
+     {"model": "fake", "prompt": "a", "echo": True, "logprobs": 1}, 422, "echo", None),
 ]  # fmt: skip
 
 
