@@ -24,7 +24,7 @@ from tokenizers import Tokenizer
 from . import devices, selftest
 from . import tvm_runtime as rt
 from .config import EncoderConfig
-from .model import tokenizer_json
+from .model import load_on_cpu, tokenizer_json
 
 
 class EncoderInputError(ValueError):
@@ -82,9 +82,7 @@ class Encoder:
             devices.choose(m, "cpu" if device == "auto" else device, name, _say)
             lib_dir = cache.folder("libs", cache_dir)
             enabled = not selftest.disabled_by_env() if self_test is None else self_test
-            tier, result = selftest.choose_tier(bundle, m, lib_dir, enabled)
-            vm = rt.load_vm(str(bundle.extract_module(tier.module, lib_dir)))
-            params = rt.tensor_list([rt.wrap(bundle.tensor(n)) for n in m.params])
+            tier, result, vm, params = load_on_cpu(bundle, m, lib_dir, enabled)
             tokenizer = Tokenizer.from_str(tokenizer_json(bundle, m))
         except BaseException:
             bundle.close()

@@ -54,7 +54,7 @@ def mem_available(read: Callable[[], str] = proc_meminfo) -> int | None:
 
 
 def kv_bytes_per_token(spec: ModelSpec, kv_dtype: str) -> int:
-    """A token's keys and values across every layer (runtime/model.py's Model.kv_bytes_per_token)."""
+    """A token's keys and values across every layer, in the cache's dtype."""
     width = 2 if kv_dtype == "float16" else 4
     return spec.num_layers * 2 * spec.num_kv_heads * spec.head_dim * width
 

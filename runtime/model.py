@@ -21,7 +21,7 @@ from goinfer.artifacts import cache, giw
 from goinfer.artifacts.manifest import Manifest
 from tokenizers import Tokenizer
 
-from . import cuda, devices, gpu_selftest, prompt, selftest
+from . import cuda, devices, fit, gpu_selftest, prompt, selftest
 from . import tvm_runtime as rt
 from .config import DEFAULT_PREFILL_CHUNK
 from .decode import Detokenizer, GenerationRequest, StepEvent, generate_events
@@ -59,6 +59,14 @@ def _closing(events: Iterator[StepEvent], look: Lookahead) -> Iterator[StepEvent
         yield from events
     finally:
         look.close()
+
+
+def load_on_cpu(bundle: giw.Bundle, m: Manifest, lib_dir: Path, self_test: bool):
+    """The CPU tier the self-test picks, its result, the module's VM and the weights (mapped, no
+    copy): a decoder's and an encoder's CPU load alike."""
+    tier, result = selftest.choose_tier(bundle, m, lib_dir, self_test)
+    vm = rt.load_vm(str(bundle.extract_module(tier.module, lib_dir)))
+    return tier, result, vm, rt.tensor_list([rt.wrap(bundle.tensor(name)) for name in m.params])
 
 
 # prefill_logits hands back at most this many bytes of logits a chunk: every position's logits of a
@@ -152,9 +160,7 @@ class Model:
             if vm is None:  # the GPU failed or disagreed with the CPU module: run on the CPU
                 where = "cpu"
         if where == "cpu":
-            tier, result = selftest.choose_tier(bundle, m, lib_dir, enabled)
-            vm = rt.load_vm(str(bundle.extract_module(tier.module, lib_dir)))
-            params = rt.tensor_list([rt.wrap(bundle.tensor(name)) for name in m.params])
+            tier, result, vm, params = load_on_cpu(bundle, m, lib_dir, enabled)
         # The slowest step of a load (~0.5 s for Qwen's 151k-token vocabulary). It holds the GIL
         # throughout, so a thread beside the kernel load gains nothing (measured).
         text = tokenizer_json(bundle, m)
@@ -208,8 +214,7 @@ class Model:
     # -- the KV cache ---------------------------------------------------------------------
     @property
     def kv_bytes_per_token(self) -> int:
-        s, width = self.spec, 2 if self.manifest.kv_cache.dtype == "float16" else 4
-        return s.num_layers * 2 * s.num_kv_heads * s.head_dim * width
+        return fit.kv_bytes_per_token(self.spec, self.manifest.kv_cache.dtype)
 
     def create_cache(self, max_batch: int, tokens: int):
         """A paged KV cache for up to `max_batch` sequences a forward and `tokens` tokens in all,

@@ -23,7 +23,7 @@ import numpy as np
 
 from .config import EmbeddingsConfig
 from .engine import Embedder
-from .errors import APIError
+from .errors import APIError, queue_full
 
 log = logging.getLogger("goinfer.serve")
 
@@ -80,12 +80,10 @@ class EncoderSlot:
         """The inputs' vectors, (len(inputs), dimensions), in order; a 429 when the queue is full."""
         if self.admitted >= self.config.max_queue:
             self.refusals[(self.name, 429, "queue_full")] += 1
-            raise APIError(
-                429,
+            raise queue_full(
                 f"embedding model {self.name!r} is busy: {self.admitted} requests running or queued "
                 f"(at most {self.config.max_queue}); retry later",
-                code="queue_full",
-                headers={"Retry-After": str(retry_after_s)},
+                retry_after_s,
             )
         loop = asyncio.get_running_loop()
         job = _Job(inputs, loop.create_future(), loop)

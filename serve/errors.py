@@ -57,6 +57,11 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return APIError(400, message, param=param, code=code)
 
 
+def queue_full(message: str, retry_after_s: int) -> APIError:
+    """A model's queue is at its bound: a 429 the client may retry (generation's and embeddings')."""
+    return APIError(429, message, code="queue_full", headers={"Retry-After": str(retry_after_s)})
+
+
 def unsupported(message: str, param: str) -> APIError:
     # Well-formed, but asks for something this server does not do: say so rather than ignore it.
     return APIError(422, message, param=param, code="unsupported_parameter")

@@ -26,7 +26,7 @@ from goinfer.runtime.scheduler import Cancelled, KVCacheFull
 from .config import EmbeddingsConfig
 from .embed_queue import EncoderSlot
 from .engine import Embedder, Engine
-from .errors import APIError
+from .errors import APIError, queue_full
 
 if TYPE_CHECKING:
     from .events import Delta
@@ -118,12 +118,10 @@ class ModelSlot:
         """Queue a run, or refuse with 429 when `max_concurrent` run and `max_queue` already wait."""
         if self.admitted >= self.max_queue + self.max_concurrent:
             self.refusals[(self.name, 429, "queue_full")] += 1
-            raise APIError(
-                429,
+            raise queue_full(
                 f"model {self.name!r} is busy: {self.admitted} requests running or queued "
                 f"(--max-concurrent {self.max_concurrent}, --max-queue {self.max_queue}); retry later",
-                code="queue_full",
-                headers={"Retry-After": str(retry_after_s)},
+                retry_after_s,
             )
         loop = asyncio.get_running_loop()
         run = Generation(loop, poll_s)

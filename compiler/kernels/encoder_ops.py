@@ -21,6 +21,7 @@ from tvm import tirx
 from tvm.script import tirx as T
 
 from ..tvm import tvmscript
+from .norm import sum_lanes
 from .vector_math import exp_neg, splat
 
 tvmscript.install()
@@ -135,13 +136,6 @@ def split_qkv(heads: int, head_dim: int, bias: bool) -> tirx.PrimFunc:
     return split_qkv_plain
 
 
-def _sum(v, lanes: int):
-    total = v[0]
-    for i in range(1, lanes):
-        total = total + v[i]
-    return total
-
-
 @functools.cache
 def add_layer_norm(hidden: int, eps: float, bias: bool) -> tirx.PrimFunc:
     """(x, y (n, hidden)[, b (hidden,)], w, beta (hidden,)) -> LayerNorm(x + y [+ b]) * w + beta."""
@@ -164,14 +158,14 @@ def add_layer_norm(hidden: int, eps: float, bias: bool) -> tirx.PrimFunc:
             else:
                 out[t, k] = x[t, k] + y[t, k]
             acc[0] = acc[0] + out[t, k]
-        mean = T.Bind(_sum(acc, LANES) / T.float32(hidden))
+        mean = T.Bind(sum_lanes(acc, LANES) / T.float32(hidden))
         acc[_vec(0)] = splat(0.0, LANES)
         for j in T.serial(n_vec):
             dev = out[t, _vec(j * LANES)] - T.Broadcast(mean, LANES)
             acc[_vec(0)] = acc[_vec(0)] + dev * dev
         for i in T.serial(tail):
             acc[0] = acc[0] + (out[t, n_vec * LANES + i] - mean) * (out[t, n_vec * LANES + i] - mean)
-        inv = T.Bind(T.float32(1) / T.sqrt(_sum(acc, LANES) / T.float32(hidden) + T.float32(eps)))
+        inv = T.Bind(T.float32(1) / T.sqrt(sum_lanes(acc, LANES) / T.float32(hidden) + T.float32(eps)))
         for j in T.serial(n_vec):
             at = _vec(j * LANES)
             out[t, at] = (out[t, at] - T.Broadcast(mean, LANES)) * T.Broadcast(inv, LANES) * w[at] + beta[at]

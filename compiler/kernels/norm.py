@@ -32,7 +32,7 @@ tvmscript.install()  # faster TVMScript parsing, the same kernels
 LANES = 16  # one AVX-512 vector of float32 (two AVX2 ones)
 
 
-def _sum_lanes(v, n: int):
+def sum_lanes(v, n: int):
     total = v[0]
     for i in range(1, n):
         total = total + v[i]
@@ -64,7 +64,7 @@ def kernel(hidden: int, eps: float, residual: bool) -> tirx.PrimFunc:
                 sq[0] = sq[0] + s[t, n_vec * LANES + i] * s[t, n_vec * LANES + i]
             else:
                 sq[0] = sq[0] + x[t, n_vec * LANES + i] * x[t, n_vec * LANES + i]
-        inv = T.Bind(T.float32(1) / T.sqrt(_sum_lanes(sq, LANES) / T.float32(hidden) + T.float32(eps)))
+        inv = T.Bind(T.float32(1) / T.sqrt(sum_lanes(sq, LANES) / T.float32(hidden) + T.float32(eps)))
         for j in T.serial(n_vec):
             src = s[t, vec(j * LANES)] if residual else x[t, vec(j * LANES)]
             y[t, vec(j * LANES)] = src * T.Broadcast(inv, LANES) * w[vec(j * LANES)]
