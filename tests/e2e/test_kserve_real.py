@@ -139,3 +139,20 @@ def test_grpc_throughput_matches_http_at_4_clients(urls, record_property) -> Non
     record_property("http_req_s", h)
     print(f"4 clients, 8-token replies: gRPC {g:.2f} req/s {grpc_rates}, HTTP {h:.2f} req/s {http_rates}")
     assert g >= 0.95 * h
+
+
+def test_a_10k_token_prompt_over_grpc_and_rest_v2(urls) -> None:
+    """At the size agents send: a ~10k-token prompt through gRPC ModelInfer and Triton's REST
+    generate gives the reply /v1/completions gives (the message caps are the prompt routes')."""
+    http, grpc_url = urls
+    lines = [f"x{i} = {i} * {i % 7}  # step {i} of the table" for i in range(700)]
+    text = "\n".join(lines) + "\ndef total():\n    return"
+    want = http_completion(http, text, max_tokens=8)
+    assert grpc_infer(grpc_url, text, max_tokens=8) == want
+    params = {"temperature": 0, "max_tokens": 8, "exclude_input_in_output": True}
+    body = json.dumps({"text_input": text, "parameters": params}).encode()
+    req = urllib.request.Request(
+        f"{http}/v2/models/{NAME}/generate", body, {"Content-Type": "application/json", **AUTH}
+    )
+    with urllib.request.urlopen(req, timeout=600) as r:
+        assert json.loads(r.read())["text_output"] == want
