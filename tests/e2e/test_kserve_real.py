@@ -142,7 +142,7 @@ def test_grpc_throughput_matches_http_at_4_clients(urls, record_property) -> Non
 
 
 def test_a_10k_token_prompt_over_grpc_and_rest_v2(urls) -> None:
-    """At the size agents send: a ~10k-token prompt through gRPC ModelInfer and Triton's REST
+    """At the size agents send: a 15.8k-token prompt through gRPC ModelInfer and Triton's REST
     generate gives the reply /v1/completions gives (the message caps are the prompt routes')."""
     http, grpc_url = urls
     lines = [f"x{i} = {i} * {i % 7}  # step {i} of the table" for i in range(700)]
