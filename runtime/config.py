@@ -30,5 +30,6 @@ class EncoderConfig:
     # Tokens a forward of the encoder takes at most: inputs beyond it run in the next forward.
     # Smaller forwards keep a layer's activations in the caches: all-MiniLM-L6-v2 q8_0, 64 inputs
     # of 128 tokens, 2 threads (Intel Xeon): 494 ms in one forward of 8192 tokens, 460 in 4096s,
-    # 421 in 2048s, 393 in 1024s, 410 in 512s.
+    # 421 in 2048s, 393 in 1024s, 410 in 512s; the vectors the same bits in every split (a row's
+    # kernels never see the other inputs: tests/compiler/test_encoder.py).
     max_batch_tokens: int = 1024
