@@ -38,7 +38,8 @@ def _stderr(line: str) -> None:
 
 def resolve(ref: str, options: BuildOptions | None = None, progress: Progress = _stderr) -> Path:
     """The bundle `ref` names; a checkpoint is built with `options` (quant, target, KV dtype) the
-    first time, then found in the cache by its key."""
+    first time, then found in the cache by its key. The pull's and the build's lines go to
+    `progress` (the web page's Models tab streams them)."""
     if ref.startswith("zoo:"):
         return zoo_store.find(*zoo_ref(ref))[0]
     path = Path(ref)
@@ -47,13 +48,13 @@ def resolve(ref: str, options: BuildOptions | None = None, progress: Progress = 
             raise FileNotFoundError(f"no such bundle: {ref}")
         return path
     options = options or BuildOptions()
-    source = path if path.is_file() else zoo.resolve(ref)
+    source = path if path.is_file() else zoo.resolve(ref, progress=progress)
     bundle = cached_bundle(source, options)
     if not bundle.is_file():
         progress(f"goinfer: first use of {ref}: building {bundle.name}")
         bundle.parent.mkdir(parents=True, exist_ok=True)
         # an hf: reference is built as itself (now cached): the bundle records it as its source
-        builder.build(ref if ref.startswith("hf:") else source, bundle, options)
+        builder.build(ref if ref.startswith("hf:") else source, bundle, options, progress=progress)
     return bundle
 
 

@@ -239,6 +239,20 @@ def fetch(name: str, cache_dir: Path | None = None, progress: Progress | None = 
     return out
 
 
+def cached(name: str, cache_dir: Path | None = None) -> Path | None:
+    """What ``fetch`` would return from the cache alone, or None: no download, no hashing (a stale
+    or missing marker is None, though ``fetch`` might then verify the file and keep it)."""
+    model = _lookup(name)
+    out = cache.folder("models", cache_dir) / model.filename
+    if model.kind == "dir" and not all((out / m).is_file() for m in model.members):
+        return None
+    try:
+        stamp = {"sha256": model.sha256, **_stamp(_target(model, out))}
+        return out if json.loads(_marker(out).read_text()) == stamp else None
+    except (OSError, ValueError):
+        return None
+
+
 def _target(model: ZooModel, out: Path) -> Path:
     return out / model.verify if model.kind == "dir" else out
 
