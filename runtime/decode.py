@@ -21,6 +21,7 @@ import numpy as np
 
 from .grammar import Constraint
 from .sampler import Sampler, SamplingParams, log_softmax
+from .thinking import ReasoningBudget
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -33,13 +34,15 @@ class GenerationRequest:
 
     `logprobs` None: no log-probabilities; k: each token's and its k most likely alternatives.
     `constraint` masks every step (stateful: one request, one run); `capture` records each masked
-    step's choice (per-field confidence)."""
+    step's choice (per-field confidence). `reasoning` closes a thinking block in time
+    (runtime/thinking.py); a grammar applies to the answer after the block."""
 
     prompt_ids: Sequence[int]
     sampling: SamplingParams
     logprobs: int | None = None
     constraint: Constraint | None = None
     capture: bool = False
+    reasoning: ReasoningBudget | None = None
 
     def budget(self, window: int) -> int:
         """Tokens the reply may have: what was asked (None: all that is left), clamped to what
@@ -85,6 +88,7 @@ def sample_tokens(
     constraint: Constraint | None = None,
     capture: bool = False,
     prompt_ids: Sequence[int] = (),
+    reasoning: ReasoningBudget | None = None,
 ) -> Iterator[StepEvent]:
     """The decode loop over any logits source (`step(token)` gives the next logits): one event per
     token, then a final event with finish_reason and timings["completion_tokens"].
@@ -95,23 +99,36 @@ def sample_tokens(
     when the grammar is complete; `capture` records each masked step's choice (StepChoice).
     `prompt_ids` are what repetition_penalty counts as seen before the first token. logit_bias and
     the penalties act inside the sampler, on the masked logits (a bias never lifts a forbidden
-    token); logprobs are the model's, before them."""
+    token); logprobs are the model's, before them.
+
+    `reasoning` follows the reply in and out of its thinking blocks: a grammar waits while the model
+    thinks (it constrains the answer), and once a block has used its budget the next token is
+    forced to be its closing one (every other masked out, as a grammar masks)."""
     sampler = Sampler(params, prompt_ids)
+    block = reasoning.tracker(budget) if reasoning is not None else None
     n, finish = 0, "length"
     while n < budget:
         mask = None
-        if constraint is not None:
+        thinking = block is not None and block.inside
+        if constraint is not None and not thinking:
             if constraint.finished:
                 finish = "stop"
                 break
             mask = constraint.allowed()
             if mask is not None:
                 logits = np.where(mask, logits, np.float32(-np.inf))
+        if block is not None and block.forced(n):
+            assert reasoning is not None
+            logits = only(logits, reasoning.close_id)
         tok = sampler(logits)
         if tok in stop_ids:
             finish = "stop"
             break
-        if constraint is not None:
+        if block is not None:
+            opened = tok == reasoning.open_id and not thinking
+            block.push(tok)
+            thinking = thinking or opened  # the block's own delimiters are not the answer's either
+        if constraint is not None and not thinking:
             constraint.advance(tok)
         n += 1
         choice = step_choice(logits, mask, tok) if capture and mask is not None else None
@@ -124,6 +141,13 @@ def sample_tokens(
         if n < budget:
             logits = step(tok)
     yield StepEvent(None, "", None, finish, {"completion_tokens": n})
+
+
+def only(logits: np.ndarray, token: int) -> np.ndarray:
+    """`logits` with every token but `token` masked out: the sampler can choose nothing else."""
+    out = np.full_like(logits, -np.inf)
+    out[token] = logits[token] if np.isfinite(logits[token]) else 0.0
+    return out
 
 
 def generate_events(
@@ -158,6 +182,7 @@ def generate_events(
         r.constraint,
         r.capture,
         prompt_ids,
+        r.reasoning,
     ):
         if ev.token_id is not None:
             if first:  # the prompt's counts now: a stop string may end the reply before the end event

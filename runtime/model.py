@@ -21,7 +21,7 @@ from goinfer.artifacts import cache, giw
 from goinfer.artifacts.manifest import Manifest
 from tokenizers import Tokenizer
 
-from . import cuda, devices, fit, gpu_selftest, prompt, selftest
+from . import cuda, devices, fit, gpu_selftest, prompt, selftest, thinking
 from . import tvm_runtime as rt
 from .config import DEFAULT_PREFILL_CHUNK
 from .decode import Detokenizer, GenerationRequest, StepEvent, generate_events
@@ -113,6 +113,8 @@ class Model:
         self._token, self._token_tensor = rt.scalar_int32()
         # llguidance's view of the tokenizer, for constrained decoding; built when first started.
         self.grammar = GrammarTokenizer(tokenizer_text, self.spec.vocab_size, self.stop_ids)
+        # The template's thinking control (<think> blocks), read from the template itself; None: none
+        self.thinking = thinking.detect(self.chat_template, self.render_chat, self.single_token)
 
     # -- loading -------------------------------------------------------------------------
     @classmethod
@@ -198,7 +200,14 @@ class Model:
     ) -> list[int]:
         """Messages -> ids through the checkpoint's chat template; `extra` are template variables
         (tools, enable_thinking); `window` as `encode`'s."""
-        text = prompt.render_chat(
+        text = self.render_chat(messages, add_generation_prompt, **extra)
+        return self.encode(text, window=window)
+
+    def render_chat(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **extra: Any
+    ) -> str:
+        """Messages -> the prompt's text through the checkpoint's chat template."""
+        return prompt.render_chat(
             self.chat_template,
             messages,
             add_generation_prompt=add_generation_prompt,
@@ -206,7 +215,11 @@ class Model:
             eos_token=self.decode([min(self.stop_ids)]) if self.stop_ids else "",
             **extra,
         )
-        return self.encode(text, window=window)
+
+    def single_token(self, text: str) -> int | None:
+        """The id `text` encodes to when it is exactly one token, else None."""
+        ids = prompt.encode(self.tokenizer, text)
+        return ids[0] if len(ids) == 1 else None
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
