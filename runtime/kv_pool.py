@@ -17,8 +17,9 @@ chunks against a cold run's KV. With `exact_only` False (--prefix-reuse longest)
 reuses the whole shared prefix too, and its logits equal a cold run's to float rounding only.
 
 A new prompt takes over the warm sequence sharing its longest reusable prefix and pops the tail
-it does not share. Sequences are never forked from one another: TVM attends a forked sequence
-block by block and merges the parts, which is not the one-pass order above. At least the last
+it does not share. Sequences are never forked from one another with TVM's fork: TVM attends a
+forked sequence block by block and merges the parts, which is not the one-pass order above; the
+choices of one prompt (`fork`) get a copy of its pages instead. At least the last
 prompt token is always recomputed: its logits start the reply.
 
 Warm sequences beyond `warm_limit`, and any needed to free pages, are dropped least recently used
@@ -105,6 +106,22 @@ class KVPool:
         exact = min(best.exact, best_len)
         best.busy, best.exact = True, exact - exact % self.granule
         return best, best_len
+
+    def fork(self, seq: Seq) -> Seq | None:
+        """A new owned sequence holding a copy of owned `seq`'s KV, page bytes copied (the choices
+        of one prompt, OpenAI's `n`): a step on it is bit for bit a step on `seq`, which TVM's own
+        fork, attending shared pages part by part, would not give. None where it cannot be made: a
+        GPU cache, or no room for the copy (its pages and the copy's scratch page)."""
+        if not self.on_host or not self.make_room(self.pages_for(Seq(-1), len(seq.tokens)) + 2):
+            return None
+        try:
+            metadata, groups = rt.export_sequence(self.kv, seq.id)
+            child = Seq(next(self._ids), list(seq.tokens), busy=True, exact=seq.exact)
+            rt.import_sequence(self.kv, child.id, metadata, groups)
+        except (RuntimeError, ValueError):  # a layout the copy does not know
+            return None
+        self.seqs[child.id] = child
+        return child
 
     def pop(self, seq: Seq, n: int) -> None:
         """The last `n` tokens of an owned `seq` leave the cache (rejected drafts)."""

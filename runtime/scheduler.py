@@ -33,7 +33,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -95,9 +95,12 @@ class Session:
     job: _Job | None = None
     pending: list[int] = field(default_factory=list)  # tokens to (re)feed: the prompt, or a preempted history
     spec: Lookahead | None = None  # --spec ngram / --drafter: its drafts (runtime/speculate.py)
+    # n > 1: the other choices of its request, which start from a copy of its prompt's KV
+    followers: list[Session] = field(default_factory=list)
+    follows: bool = False  # a follower: its prompt is another's, its first job made in advance
 
     def prefill(self) -> tuple[np.ndarray, int]:
-        job = self.scheduler._submit_prefill(self)
+        job = self.job if self.follows and self.job is not None else self.scheduler._submit_prefill(self)
         return job.wait(), self.cached
 
     def decode(self, token: int) -> np.ndarray:
@@ -182,9 +185,26 @@ class Scheduler:
     ) -> Iterator[StepEvent]:
         """As `Model.generate`, on a sequence of the shared cache; `cancel` set stops it at the
         next step (mid-prompt: between chunks) and frees its sequence."""
-        m = self.model
-        ids = self._checked(request.prompt_ids)
-        session = Session(self, ids, cancel or threading.Event())
+        session = Session(self, self._checked(request.prompt_ids), cancel or threading.Event())
+        return self._run(request, session)
+
+    def generate_choices(
+        self, requests: Sequence[GenerationRequest], cancel: threading.Event | None = None
+    ) -> list[Iterator[StepEvent]]:
+        """Several continuations of one prompt (OpenAI's `n`), one request each (its own seed,
+        its own grammar), to be iterated on threads of their own. The prompt is prefilled once, by
+        the first; each other choice starts from a copy of that KV (KVPool.fork): the same bits, so
+        each choice is the reply its request gets alone. Where the cache cannot copy (a GPU's) or
+        has no room for a copy, a choice prefills the prompt itself. `cancel` stops them all."""
+        ids = self._checked(requests[0].prompt_ids)
+        cancel = cancel or threading.Event()
+        first = Session(self, ids, cancel)
+        others = [Session(self, ids, cancel, job=_Job(), follows=True) for _ in requests[1:]]
+        first.followers = others
+        return [self._run(r, s) for r, s in zip(requests, [first, *others], strict=True)]
+
+    def _run(self, request: GenerationRequest, session: Session) -> Iterator[StepEvent]:
+        m, ids = self.model, session.prompt
         try:
             yield from generate_events(
                 request,
@@ -406,8 +426,7 @@ class Scheduler:
     def _drop_cancelled(self) -> None:
         """(lock held) Prompts whose client left while they waited end now, not when their turn comes."""
         for s in [s for s in self._prefills if s.cancel.is_set()]:
-            self._prefills.remove(s)
-            s.job.finish(error=Cancelled())
+            self._end_prefill(s, error=Cancelled())
 
     def _ready_prefill(self) -> bool:
         return bool(self._prefills) and not self._blocked
@@ -578,11 +597,32 @@ class Scheduler:
         with self._cond:
             if s in self._prefills:
                 self._prefills.remove(s)
+        if s.followers:  # before `s` samples: its sequence holds exactly the prompt
+            self._start_followers(s, result, error)
         s.job.finish(result, error)
+
+    def _start_followers(self, s: Session, logits: np.ndarray | None, error: BaseException | None) -> None:
+        """The other choices of `s`'s request: each decodes from a copy of `s`'s prompt KV and
+        logits, or shares its error; one that cannot be copied queues to prefill the prompt itself."""
+        followers, s.followers = s.followers, []
+        for f in followers:
+            if error is not None or f.cancel.is_set():
+                f.job.finish(error=error or Cancelled())
+                continue
+            seq = self.pool.fork(s.seq) if logits is not None else None
+            if seq is None:  # its own prefill, in line; its job is the one it waits on
+                f.pending = f.prompt
+                with self._cond:
+                    self._prefills.append(f)
+                continue
+            f.seq, f.fed, f.cached = seq, len(f.prompt), len(f.prompt)
+            self._decoding.add(f)
+            f.job.finish(logits.copy())
 
     def _fail_all(self, error: BaseException) -> None:
         with self._cond:
             jobs = [s.job for s in self._prefills] + [s.job for s, _ in self._decodes]
+            jobs += [f.job for s in self._prefills for f in s.followers]  # waiting on a prompt that fails
             self._prefills.clear()
             self._decodes.clear()
         for job in jobs:
