@@ -26,8 +26,10 @@ from . import (
     files,
     messages,
     metrics,
+    pulls,
     responses,
     routes,
+    webpage,
 )
 from .config import BodyCaps, ServeConfig
 from .engine import Embedder, Engine
@@ -46,6 +48,7 @@ def create_app(
     config: ServeConfig | None = None,
     loader: Loader | None = None,
     encoders: Mapping[str, Embedder] | None = None,
+    puller: pulls.Puller | None = None,
 ) -> web.Application:
     config = config or ServeConfig()
     caps = BodyCaps.resolve(config.max_body_bytes, [e.info.context_window for e in engines.values()])
@@ -63,6 +66,7 @@ def create_app(
     app[HALT] = halt = Halt(SwapGuard(config.swap_guard))
     registry.check_halt = halt.check  # every generation route routes through the registry
     app[LOADER] = loader
+    app[pulls.PULLER], app[pulls.PULLS] = puller, pulls.Pulls()  # the Models tab's pulls and builds
     app[STARTED] = int(time.time())
     app[RESPONSES] = responses.ResponseStore(config.responses_store)
     app[CALIBRATION] = decisions.load_calibration(config.decisions_calibration, config.decisions_template)
@@ -81,7 +85,11 @@ def create_app(
     if config.allow_admin:
         sub = admin.app()
         sub[SAME_ORIGIN_ONLY] = True  # no --cors-origin opens loading and unloading to a web page
+        sub.add_routes(pulls.admin_routes)  # plan, pull and build (serve/pulls.py)
         app.add_subapp(admin.PREFIX, sub)
+    if config.serves_web:  # the chat page and its Models tab (serve/webpage.py)
+        app.add_routes(webpage.page_routes)
+        app.add_subapp(webpage.PREFIX, webpage.app())
     capped = {"text_routes": text_routes(app), "embedding_routes": embedding_routes(app)}
     capped["files"] = config.batch.max_file_bytes + files.ENVELOPE_SLACK
     app[CAPS] = dataclasses.replace(caps, **capped)  # the banner names them

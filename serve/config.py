@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from goinfer.artifacts import cache
 from goinfer.artifacts.manifest import ENCODER_QUANTS
 from goinfer.runtime.config import SchedulerConfig
+from goinfer.runtime.thinking import ThinkingConfig
 
 MiB = 1 << 20
 TEXT_CAP_FLOOR = 4 * MiB  # a body that could never fit a context window is not worth reading
@@ -156,6 +157,8 @@ class ServeConfig:
     # (`--cors-origin`, repeatable); admin routes answer their own origin only (middleware.py).
     cors_origins: tuple[str, ...] = ()
     sampling: SamplingDefaults = SamplingDefaults()
+    # Thinking models (`--thinking`, `--reasoning-budget`; runtime/thinking.py, serve/thinking.py)
+    thinking: ThinkingConfig = field(default_factory=ThinkingConfig)
     # /v1/systemone (serve/decisions.py): how a question is put to the model, and the per-kind
     # temperatures `goinfer decisions-calibrate` fitted under that template (None: none)
     decisions_template: str = "chat-v1"  # one of DECISIONS_TEMPLATES
@@ -165,10 +168,17 @@ class ServeConfig:
     # `goinfer serve` arms it (SwapGuardConfig.parse of GOINFER_SWAP_GUARD); an app made in a test has
     # none, so no test halts because the machine it runs on swaps
     swap_guard: SwapGuardConfig = SwapGuardConfig(threshold_mb=None)
+    # `--web/--no-web`: the chat page and its Models tab on / (serve/webpage.py). None: on when bound to
+    # loopback (the page is only static files; the routes it calls keep their own key and rules)
+    web: bool | None = None
 
     @property
     def tls(self) -> bool:
         return bool(self.tls_cert and self.tls_key)
+
+    @property
+    def serves_web(self) -> bool:
+        return self.web if self.web is not None else self.loopback
 
     @property
     def loopback(self) -> bool:

@@ -37,6 +37,9 @@ log = logging.getLogger("goinfer.serve")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # Handlers whose body takes a cap other than the small one -> that cap's BodyCaps field
 _CAPPED: dict[Handler, str] = {}
+# Handlers any client may call without the key: the web page's static files (serve/webpage.py), which a
+# browser fetches by navigating, with no header to carry a key, and which hold no data
+_PUBLIC: set[Handler] = set()
 
 SAME_ORIGIN_ONLY = web.AppKey("same_origin_only", bool)  # an app (admin) that no --cors-origin opens
 CORS_ORIGIN = web.RequestKey("cors_origin", str)  # the foreign origin this request was allowed from
@@ -189,7 +192,7 @@ async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     Compared as bytes: a header that is not UTF-8 (aiohttp keeps its bytes as surrogates) or not
     ASCII is a wrong key like any other."""
     key = request.config_dict[CONFIG].api_key
-    if key and _owns(request):
+    if key and _owns(request) and request.match_info.handler not in _PUBLIC:
         header = request.headers.get("Authorization", "")
         given = (
             header[7:].strip() if header[:7].lower() == "bearer " else request.headers.get("x-api-key", "")
@@ -219,6 +222,12 @@ async def body_cap(request: web.Request, handler: Handler) -> web.StreamResponse
             code="body_too_large",
         )
     return await handler(request)
+
+
+def public(handler: Handler) -> Handler:
+    """Marks a route that needs no API key (a static file of the web page)."""
+    _PUBLIC.add(handler)
+    return handler
 
 
 def text_body(handler: Handler) -> Handler:
