@@ -1,9 +1,12 @@
-"""A throwaway venv with sentence-transformers on torch CPU: `python -m bench.reference_venv`.
+"""Throwaway venvs for reference tools that cannot live in the project's venv:
+`python -m bench.reference_venv [st-venv|kserve-venv]`.
 
 torch is never the project's dependency: the embeddings' reference (sentence-transformers' own
 output) and llama.cpp's GGUF converter (which imports torch and transformers) run in
-``<cache>/st-venv``, created here once and reused. A stamp inside it records the pins it was made
-with; a changed pin installs again. A lock keeps a bench and a test from building it at once.
+``<cache>/st-venv``. The kserve SDK pins protobuf 6 while our checked-in gRPC code is protobuf 7's,
+so its clients and models (tests/kserve_sdk.py) run in ``<cache>/kserve-venv``. Each is created
+here once and reused. A stamp inside it records the pins it was made with; a changed pin installs
+again. A lock keeps a bench and a test from building it at once.
 
 torch==2.13.0 is the CPU wheel that lies on this kind of machine's disk (/opt/wheels, on pip's
 find-links); an unpinned torch would pull a CUDA build of several GB from PyPI. transformers is held
@@ -23,6 +26,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -38,16 +42,31 @@ STAMP = "goinfer-reference.json"
 REPO = Path(__file__).resolve().parents[1]  # bench.st_embed runs from here, as `python -m`
 
 
+@dataclass(frozen=True)
+class Spec:
+    """One reference venv: its folder under the cache and the pins pip installs into it."""
+
+    name: str
+    requirements: tuple[str, ...]
+
+
+SENTENCE_TRANSFORMERS = Spec("st-venv", REQUIREMENTS)
+# kserve pins protobuf<7 (and brings pandas, fastapi and the Kubernetes client): about a minute and
+# 450 MB on first use.
+KSERVE = Spec("kserve-venv", ("kserve==0.21.0",))
+SPECS = {s.name: s for s in (SENTENCE_TRANSFORMERS, KSERVE)}
+
+
 def _log(msg: str) -> None:
     print(f"reference venv: {msg}", file=sys.stderr, flush=True)
 
 
-def venv_dir(cache_root: Path | None = None) -> Path:
-    return (Path(cache_root) if cache_root is not None else cache.root()) / "st-venv"
+def venv_dir(cache_root: Path | None = None, spec: Spec = SENTENCE_TRANSFORMERS) -> Path:
+    return (Path(cache_root) if cache_root is not None else cache.root()) / spec.name
 
 
-def python_path(cache_root: Path | None = None) -> Path:
-    return venv_dir(cache_root) / "bin" / "python"
+def python_path(cache_root: Path | None = None, spec: Spec = SENTENCE_TRANSFORMERS) -> Path:
+    return venv_dir(cache_root, spec) / "bin" / "python"
 
 
 def _base_python() -> str:
@@ -57,17 +76,13 @@ def _base_python() -> str:
     return shutil.which("python3.11") or sys.executable
 
 
-def _stamp() -> dict[str, object]:
-    return {"requirements": list(REQUIREMENTS)}
-
-
-def ready(cache_root: Path | None = None) -> bool:
+def ready(cache_root: Path | None = None, spec: Spec = SENTENCE_TRANSFORMERS) -> bool:
     """True when the venv exists with these pins (a stat and a small read)."""
     try:
-        stamp = json.loads((venv_dir(cache_root) / STAMP).read_text())
+        stamp = json.loads((venv_dir(cache_root, spec) / STAMP).read_text())
     except (OSError, ValueError):
         return False
-    return stamp.get("requirements") == list(REQUIREMENTS) and python_path(cache_root).is_file()
+    return stamp.get("requirements") == list(spec.requirements) and python_path(cache_root, spec).is_file()
 
 
 def _run(cmd: list[str]) -> None:
@@ -78,27 +93,29 @@ def _run(cmd: list[str]) -> None:
         raise SystemExit(f"reference venv: step failed (exit {rc}): {' '.join(cmd)}")
 
 
-def ensure(cache_root: Path | None = None) -> Path:
+def ensure(cache_root: Path | None = None, spec: Spec = SENTENCE_TRANSFORMERS) -> Path:
     """The reference venv's python, creating or updating the venv first when needed."""
-    if ready(cache_root):
-        return python_path(cache_root)
-    vdir = venv_dir(cache_root)
+    python = python_path(cache_root, spec)
+    if ready(cache_root, spec):
+        return python
+    vdir = venv_dir(cache_root, spec)
     vdir.parent.mkdir(parents=True, exist_ok=True)
-    with open(vdir.parent / "st-venv.lock", "w") as lock:
+    with open(vdir.parent / f"{spec.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building it right now
-        if ready(cache_root):
-            return python_path(cache_root)
+        if ready(cache_root, spec):
+            return python
         t0 = time.monotonic()
         (vdir / STAMP).unlink(missing_ok=True)
-        if not python_path(cache_root).is_file():
+        if not python.is_file():
             _log(f"creating {vdir}")
             _run([_base_python(), "-m", "venv", str(vdir)])
-        pip = [str(python_path(cache_root)), "-m", "pip", "install", "--disable-pip-version-check"]
-        _log(f"installing {', '.join(REQUIREMENTS)} (a minute or two)")
-        _run([*pip, "--progress-bar", "off", *REQUIREMENTS])
-        (vdir / STAMP).write_text(json.dumps({**_stamp(), "seconds": round(time.monotonic() - t0)}) + "\n")
-        _log(f"ready in {time.monotonic() - t0:.0f} s: {python_path(cache_root)}")
-    return python_path(cache_root)
+        pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check"]
+        _log(f"installing {', '.join(spec.requirements)} into {spec.name} (a minute or two)")
+        _run([*pip, "--progress-bar", "off", *spec.requirements])
+        stamp = {"requirements": list(spec.requirements), "seconds": round(time.monotonic() - t0)}
+        (vdir / STAMP).write_text(json.dumps(stamp) + "\n")
+        _log(f"ready in {time.monotonic() - t0:.0f} s: {python}")
+    return python
 
 
 def env(threads: int | None = None) -> dict[str, str]:
@@ -150,10 +167,16 @@ def embeddings(texts: Sequence[str], model: str = "all-minilm-l6-v2") -> np.ndar
     return result
 
 
-def main() -> int:
-    t0 = time.monotonic()
-    path = ensure()
-    print(f"{path} ({time.monotonic() - t0:.1f} s)")
+def main(argv: Sequence[str] | None = None) -> int:
+    names = list(sys.argv[1:] if argv is None else argv) or [SENTENCE_TRANSFORMERS.name]
+    unknown = [n for n in names if n not in SPECS]
+    if unknown:
+        print(f"reference venv: unknown {', '.join(unknown)} (known: {', '.join(SPECS)})", file=sys.stderr)
+        return 2
+    for name in names:
+        t0 = time.monotonic()
+        path = ensure(spec=SPECS[name])
+        print(f"{path} ({time.monotonic() - t0:.1f} s)")
     return 0
 
 
