@@ -1,6 +1,6 @@
 """The KServe v2 front end on the real 0.5B through `goinfer serve --grpc-addr`, with tritonclient:
 infer and stream, 4 gRPC and 4 HTTP streams through one scheduler (each greedy reply as it is
-alone), and gRPC vs HTTP throughput at 4 clients."""
+alone), and gRPC vs HTTP throughput at 4 clients; and with the kserve SDK's own clients."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import kserve_sdk
 import numpy as np
 import pytest
 from serve_process import free_port, serving
@@ -101,6 +102,27 @@ def test_infer_and_stream(urls) -> None:
     assert text.strip() and "return" in text
     pieces = grpc_stream(grpc_url, PROMPTS[0])
     assert len(pieces) > 1 and "".join(pieces) == text
+
+
+def test_the_kserve_sdk_clients(urls) -> None:
+    """kserve's InferenceGRPCClient and InferenceRESTClient (in their own venv: tests/kserve_sdk.py):
+    health, readiness and metadata, and a greedy infer in each of the SDK's tensor encodings, each
+    the reply /v1/completions gives."""
+    http_url, grpc_url = urls
+    want = http_completion(http_url, PROMPTS[1])
+    params = {"temperature": 0, "max_tokens": 16}
+    out = kserve_sdk.clients(
+        grpc_url, http_url, KEY, NAME, PROMPTS[1], params, exclude_input=True, timeout=300
+    )
+    assert want.strip()
+    for side, encodings in (("grpc", ("raw", "contents")), ("rest", ("binary", "json"))):
+        got = out[side]
+        assert got["live"] and got["ready"] and got["model_ready"], side
+        assert got["model_metadata"]["name"] == NAME
+        assert [o["name"] for o in got["model_metadata"]["outputs"]] == ["text_output"]
+        for how in encodings:
+            assert got[f"infer_{how}"]["outputs"][0]["text"] == [want], (side, how)
+    assert out["grpc"]["missing_model"] == "NOT_FOUND" and out["rest"]["missing_model"] == 404
 
 
 def test_grpc_and_http_streams_share_one_scheduler(urls) -> None:
