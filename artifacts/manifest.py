@@ -22,7 +22,7 @@ from .giw import FORMAT_VERSION, RESERVED_KEYS, Bundle, BundleError
 
 # The model families the compiler builds (compiler/models/<family>.py): a checkpoint's
 # architecture string, checked by the sources before anything is compiled.
-FAMILIES = ("llama", "qwen2", "gemma3", "bert", "nomic_bert")
+FAMILIES = ("llama", "qwen2", "qwen3", "gemma3", "phi3", "mistral", "bert", "nomic_bert")
 # What a family is, and the entry points its bundle's module has (compiler/models/__init__.py):
 # a decoder generates over a paged KV cache; an encoder maps several inputs, packed, to one
 # vector each (`embed`).
@@ -53,10 +53,24 @@ DEFAULT_KV_DTYPE = "float16"
 PAGE_SIZE = 16
 
 
+# The RoPE scalings the compiler builds (RopeScaling.kind). Every kind but linear reaches the graph
+# as per-frequency divisors and a cos/sin scale, computed by the source (compiler/sources/rope_scaling.py).
+ROPE_SCALINGS = ("none", "linear", "llama3", "yarn", "longrope")
+
+
 @dataclass(frozen=True)
 class RopeScaling:
-    kind: str = "none"  # "none" | "linear" (YaRN is refused at the source: not implemented)
+    """How RoPE's frequencies are stretched past the context a model was trained at. The angle of
+    rotated frequency i at position p is p * theta^(-2i/rope_dims) / f_i (linear: p / factor), and
+    cos and sin are scaled by attn_factor, where f is freq_factors, or long_factors at positions at
+    or past original_context (longrope)."""
+
+    kind: str = "none"  # ROPE_SCALINGS
     factor: float = 1.0
+    original_context: int = 0  # the context the model was trained at (yarn, longrope)
+    freq_factors: tuple[float, ...] = ()  # one divisor per rotated frequency (llama3, yarn, longrope)
+    long_factors: tuple[float, ...] = ()  # longrope: the divisors at positions >= original_context
+    attn_factor: float = 1.0  # yarn's mscale, longrope's attention factor: scales cos and sin
 
 
 @dataclass(frozen=True)
@@ -64,7 +78,7 @@ class ModelSpec:
     """Everything the lowering needs to know about a checkpoint: a source fills it in, a model
     family reads it, and the bundle keeps it verbatim."""
 
-    family: str  # registry key of compiler/models: "llama" | "qwen2" | "gemma3"
+    family: str  # registry key of compiler/models (FAMILIES)
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -82,13 +96,18 @@ class ModelSpec:
     activation: str = "silu"  # "silu" | "gelu_tanh" (gated MLP either way); "gelu" (erf: bert)
     embed_scale: float = 1.0  # gemma: sqrt(hidden_size)
     norm_weight_offset: float = 0.0  # gemma RMSNorm uses (offset + w); GGUF already folds the 1 in
-    qk_norm: bool = False  # gemma3: RMSNorm over each q and k head before RoPE
+    qk_norm: bool = False  # gemma3, qwen3: RMSNorm over each q and k head before RoPE
     post_norms: bool = False  # gemma3: norms after attention and after the MLP too
     attn_scale: float = 0.0  # softmax scale; 0 means head_dim ** -0.5 (gemma3: query_pre_attn_scalar ** -0.5)
     sliding_window: int = 0  # 0: no sliding-window layers
     sliding_layers: tuple[bool, ...] = ()  # per layer: True where attention is windowed
-    rope_local_theta: float = 0.0  # gemma3: the rope base of the sliding-window layers
+    rope_local_theta: float = 0.0  # gemma3: the rope base of the sliding-window layers (0: rope_theta)
     learned_positions: bool = False  # bert: a position embedding table, added to the tokens' (no RoPE)
+    rope_dims: int = 0  # the leading dims of each head RoPE rotates (phi3's partial rotary); 0: all
+
+    @property
+    def rotary_dims(self) -> int:
+        return self.rope_dims or self.head_dim
 
     @property
     def softmax_scale(self) -> float:

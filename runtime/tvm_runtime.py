@@ -216,7 +216,9 @@ def _route_prefill(args: list) -> None:
 def _create_recording_cache(*args):
     args = list(args)
     if len(args) in (28, 29):  # TVM 0.27's two forms (the 29th, last, is unused)
-        kinds = tuple(dict(enumerate(_ATTN_KINDS)).get(int(k), str(k)) for k in args[6])
+        layers = int(args[1][-1]) - int(args[1][0])  # the layer partition: the cache's layers
+        # (a windowed-everywhere model's graph names one kind more: compiler/tvm/graph.py)
+        kinds = tuple(dict(enumerate(_ATTN_KINDS)).get(int(k), str(k)) for k in args[6])[:layers]
         args[_DEBUG_GET_KV_ARG] = _recorder(args[_DEBUG_GET_KV_ARG], kinds, positions=True)
         args[_COMPACT_COPY_ARG] = _recorder(args[_COMPACT_COPY_ARG], kinds, positions=False)
         _route_prefill(args)

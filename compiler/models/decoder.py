@@ -26,6 +26,7 @@ from .layers import (
     Bias,
     QLinear,
     RMSNorm,
+    RopeFrequencies,
     RopeTables,
     SchemePicker,
     fused_linear,
@@ -34,13 +35,17 @@ from .layers import (
     rope_tables,
 )
 
+# The RoPE scalings whose frequencies come from a table the build computes (RopeFrequencies).
+_TABLE_SCALINGS = ("llama3", "yarn", "longrope")
+
 
 class Attention(nn.Module):
     def __init__(self, spec: ModelSpec, layer: int, pick: SchemePicker, tensors: Mapping[str, SourceTensor]):
         super().__init__()
         self.layer, self.spec = layer, spec
         h, hkv, d = spec.num_heads, spec.num_kv_heads, spec.head_dim
-        names = tuple(f"blk.{layer}.attn_{n}.weight" for n in ("q", "k", "v"))
+        fused = f"blk.{layer}.attn_qkv.weight"  # phi3 stores q, k and v as one tensor
+        names = (fused,) if fused in tensors else tuple(f"blk.{layer}.attn_{n}.weight" for n in "qkv")
         self.qkv = fused_linear(pick, tensors, spec.hidden_size, (h + 2 * hkv) * d, names)
         self.qkv_bias = (
             Bias((h + 2 * hkv) * d, tuple(f"blk.{layer}.attn_{n}.bias" for n in ("q", "k", "v")))
@@ -65,7 +70,8 @@ class Attention(nn.Module):
         if s.qk_norm:
             q, k, v = op.split(qkv, [h, h + hkv], axis=1)
             qkv = op.concat([self.q_norm(q), self.k_norm(k), v], dim=1)
-        qkv = rope(qkv, rope_by_theta[s.layer_rope_theta(self.layer)], h + hkv)
+        rot = s.rope_dims if s.rope_dims != d else 0
+        qkv = rope(qkv, rope_by_theta[s.layer_rope_theta(self.layer)], h + hkv, rot)
         o = graph.attention_with_fused_qkv(kv, self.layer, qkv, h, s.softmax_scale)
         return self.o(op.reshape(o, (t, h * d)))
 
@@ -93,6 +99,8 @@ class CausalLM(nn.Module):
         self.embed_tokens = QLinear(pick([tensors[emb]]), spec.hidden_size, spec.vocab_size, (emb,))
         self.layers = nn.ModuleList([layer_cls(spec, i, pick, tensors) for i in range(spec.num_layers)])
         self.norm = RMSNorm(spec.hidden_size, spec.norm_eps, "output_norm.weight", spec.norm_weight_offset)
+        scaled = spec.rope_scaling.kind in _TABLE_SCALINGS
+        self.rope_freqs = RopeFrequencies(spec) if scaled else None
         # A tied head reuses embed_tokens; it is not stored twice (nor registered twice).
         self.lm_head = (
             None
@@ -116,8 +124,12 @@ class CausalLM(nn.Module):
     # around each one (a decode layer made 7-8 such views, each a VM instruction and an object).
     def _body(self, x: Tensor, kv: graph.PagedKVCache) -> Tensor:
         s = self.spec
+        positions = kv.get_query_positions(x.shape[0])
         thetas = {s.layer_rope_theta(i) for i in range(s.num_layers)}
-        tables = rope_tables(kv.get_query_positions(x.shape[0]), thetas, s.head_dim, _linear_factor(s))
+        if self.rope_freqs is not None:  # one theta: the sources refuse these scalings beside two
+            tables = {theta: self.rope_freqs.tables(positions) for theta in thetas}
+        else:
+            tables = rope_tables(positions, thetas, s.rotary_dims, _linear_factor(s))
         # Each layer hands back its last residual term unadded: the next norm adds it (see
         # RMSNorm.add_then_norm), and the final norm adds the last layer's.
         delta = None

@@ -263,13 +263,15 @@ class LayerNorm(Weighted):
 
 
 class GatedMLP(nn.Module):
-    """down(act(gate(x)) * up(x)), with gate and up fused into one matmul where they share a scheme."""
+    """down(act(gate(x)) * up(x)), with gate and up fused into one matmul where they share a scheme
+    (phi3 stores them fused: its ffn_up holds the gate's rows, then the up's)."""
 
     def __init__(self, spec: ModelSpec, layer: int, pick: SchemePicker, tensors: Mapping[str, SourceTensor]):
         super().__init__()
         gate, up, down = (f"blk.{layer}.ffn_{n}.weight" for n in ("gate", "up", "down"))
         self.inter, self.act = spec.intermediate_size, spec.activation
-        self.gate_up = fused_linear(pick, tensors, spec.hidden_size, 2 * self.inter, (gate, up))
+        parts = (gate, up) if gate in tensors else (up,)
+        self.gate_up = fused_linear(pick, tensors, spec.hidden_size, 2 * self.inter, parts)
         self.down = QLinear(pick([tensors[down]]), self.inter, spec.hidden_size, (down,))
 
     def forward(self, x: Tensor) -> Tensor:
@@ -314,12 +316,59 @@ def rope_tables(positions: Tensor, thetas: set[float], d: int, linear_factor: fl
     }
 
 
-def rope(qkv: Tensor, table: tuple[Tensor, Tensor], rotated_heads: int) -> Tensor:
-    """Half-split (NeoX) rotary embedding on the first `rotated_heads` heads of a fused qkv.
+class RopeFrequencies(Weighted):
+    """A scaled RoPE's inverse frequencies (llama3, yarn, longrope: artifacts/manifest.py
+    RopeScaling), computed in numpy at build time from the spec and packed as a parameter:
+    row 0 holds theta^(-2i/d) / freq_factors[i], row 1 the same over long_factors (longrope's, at
+    positions from original_context on; row 0 again otherwise)."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.sources, self.spec = (), spec
+        self.weight = nn.Parameter((2, spec.rotary_dims // 2), "float32")
+
+    def pack(self, tensors: Mapping[str, SourceTensor]) -> dict[str, np.ndarray]:
+        s, r = self.spec, self.spec.rope_scaling
+        d = s.rotary_dims
+        # float32 base frequencies, as transformers and convert_hf_to_gguf compute them
+        base = 1.0 / (np.float32(s.rope_theta) ** (np.arange(0, d, 2, dtype=np.float32) / np.float32(d)))
+        short = np.asarray(r.freq_factors, np.float32)
+        long = np.asarray(r.long_factors or r.freq_factors, np.float32)
+        return {"weight": np.stack([base / short, base / long]).astype(np.float32)}
+
+    def tables(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """(cos, sin) per (token, frequency), each scaled by attn_factor."""
+        r = self.spec.rope_scaling
+        switch = r.original_context if r.long_factors else 0
+        scale = r.attn_factor
+
+        def angles(pos: te.Tensor, inv: te.Tensor, fn) -> te.Tensor:
+            def f(t, j):
+                row = tirx.if_then_else(pos[t] >= switch, 1, 0) if switch else 0
+                y = fn(pos[t].astype("float32") * inv[row, j])
+                return y * tirx.const(scale, "float32") if scale != 1.0 else y
+
+            return te.compute((pos.shape[0], inv.shape[1]), f, name="rope_angle")
+
+        return (
+            op.tensor_expr_op(
+                lambda pos, inv: angles(pos, inv, tirx.cos), "rope_cos", [positions, self.weight]
+            ),
+            op.tensor_expr_op(
+                lambda pos, inv: angles(pos, inv, tirx.sin), "rope_sin", [positions, self.weight]
+            ),
+        )
+
+
+def rope(qkv: Tensor, table: tuple[Tensor, Tensor], rotated_heads: int, rotary_dims: int = 0) -> Tensor:
+    """Half-split (NeoX) rotary embedding on the first `rotated_heads` heads of a fused qkv, over
+    the first `rotary_dims` dims of each head (0: all of them; phi3 rotates a part).
 
     qkv: (tokens, heads, d); table: this layer's (cos, sin) from `rope_tables`.
     """
-    half = qkv.shape[-1] // 2
+    d = qkv.shape[-1]
+    rot = rotary_dims or int(d)
+    half = rot // 2
 
     def compute(x: te.Tensor, cos: te.Tensor, sin: te.Tensor) -> te.Tensor:
         def f(t, hi, di):
@@ -328,6 +377,13 @@ def rope(qkv: Tensor, table: tuple[Tensor, Tensor], rotated_heads: int) -> Tenso
             rotated = x[t, hi, di] * cos[t, j] + partner * sin[t, j]
             return tirx.if_then_else(hi < rotated_heads, rotated, x[t, hi, di])
 
-        return te.compute(x.shape, f, name="rope")
+        def partial(t, hi, di):
+            inside = di < rot
+            j = tirx.if_then_else(di < half, di, tirx.if_then_else(inside, di - half, 0))
+            partner = tirx.if_then_else(di < half, -x[t, hi, di + half], x[t, hi, di - half])
+            rotated = x[t, hi, di] * cos[t, j] + partner * sin[t, j]
+            return tirx.if_then_else(tirx.all(hi < rotated_heads, inside), rotated, x[t, hi, di])
+
+        return te.compute(x.shape, f if rot == int(d) else partial, name="rope")
 
     return op.tensor_expr_op(compute, "rope", [qkv, *table])

@@ -21,7 +21,7 @@ from goinfer.artifacts.manifest import FAMILIES, Tokens
 
 from ..checksum import sha256_files  # remembered by file identity (compiler/checksum.py)
 from .base import Checkpoint, SourceError, SourceTensor
-from .gguf_spec import build_spec
+from .gguf_spec import ROPE_TENSORS, build_spec
 from .gguf_vocab import read_vocab
 from .tokenizer import build_tokenizer_json
 
@@ -40,6 +40,8 @@ _FLOAT_TYPES = frozenset({_T.F32, _T.F16, _T.BF16})
 _SHARD = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 # Family chat templates for checkpoints that carry none.
 _DEFAULT_TEMPLATES = {"gemma3": "gemma3.jinja", "qwen2": "chatml.jinja", "llama": "chatml.jinja"}
+# The architectures whose converter stores Q/K rows interleaved (its `permute`), undone at load.
+_PERMUTED = ("llama", "mistral")
 
 
 def load_gguf(path: str | Path) -> Checkpoint:
@@ -59,7 +61,8 @@ def load_gguf(path: str | Path) -> Checkpoint:
         reader_tensors = _tensors(readers)
         vocab = read_vocab(meta)
         shapes = {t.name: _numpy_shape(t) for t in reader_tensors}
-        spec = build_spec(arch, meta, shapes, vocab)
+        tables = {t.name: _rope_table(t) for t in reader_tensors if t.name in ROPE_TENSORS}
+        spec = build_spec(arch, meta, shapes, vocab, tables)
         for t in reader_tensors:
             if t.tensor_type not in SUPPORTED_TYPES:
                 raise SourceError(f"tensor {t.name} has unsupported type {t.tensor_type.name}")
@@ -72,8 +75,9 @@ def load_gguf(path: str | Path) -> Checkpoint:
     else:
         template = default_template(arch)
         origin = "family default: checkpoint has no tokenizer.chat_template"
-    heads = {"attn_q": spec.num_heads, "attn_k": spec.num_kv_heads} if arch == "llama" else {}
-    tensors = {t.name: _source_tensor(t, heads) for t in reader_tensors}
+    heads = {"attn_q": spec.num_heads, "attn_k": spec.num_kv_heads} if arch in _PERMUTED else {}
+    # RoPE tables are in the spec now, not weights.
+    tensors = {t.name: _source_tensor(t, heads) for t in reader_tensors if t.name not in ROPE_TENSORS}
     return Checkpoint(
         spec=spec,
         tokens=Tokens(bos_id=vocab.bos_id, add_bos=vocab.add_bos, stop_ids=vocab.eog_ids),
@@ -165,6 +169,12 @@ def _open(path: Path) -> GGUFReader:
         raise SourceError(f"{path}: truncated or corrupt GGUF header ({type(e).__name__}: {e})") from None
 
 
+def _rope_table(t: ReaderTensor) -> np.ndarray:
+    if t.tensor_type not in _FLOAT_TYPES:
+        raise SourceError(f"tensor {t.name} has type {t.tensor_type.name}; a RoPE table should be float")
+    return np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(-1)
+
+
 def _numpy_shape(t: ReaderTensor) -> tuple[int, ...]:
     return tuple(int(d) for d in reversed(t.shape.tolist()))
 
@@ -215,4 +225,5 @@ def _unpermute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
 
 def default_template(arch: str) -> str:
     """The chat template we use for a family whose checkpoint carries none."""
-    return (resources.files(__package__) / "templates" / _DEFAULT_TEMPLATES[arch]).read_text(encoding="utf-8")
+    name = _DEFAULT_TEMPLATES.get(arch, "chatml.jinja")
+    return (resources.files(__package__) / "templates" / name).read_text(encoding="utf-8")

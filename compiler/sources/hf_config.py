@@ -12,15 +12,24 @@ then gives the same ModelSpec whichever way it arrives (the kernels compute in f
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from . import rope_scaling
 from .base import SourceError
 
 # config.json model_type -> our family (compiler/models registry key).
-MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "gemma3_text": "gemma3", "gemma3": "gemma3"}
+MODEL_TYPES = {
+    "llama": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "gemma3_text": "gemma3",
+    "gemma3": "gemma3",
+    "phi3": "phi3",
+    "mistral": "mistral",
+}
 # The encoders' (read by hf_encoder.py, not by read_config).
 ENCODER_TYPES = {"bert": "bert", "nomic_bert": "nomic_bert"}
 
@@ -36,6 +45,19 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
         "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
         "hidden_act": "silu", "tie_word_embeddings": False, "use_sliding_window": False,
     },
+    "qwen3": {
+        "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "head_dim": 128,
+        "hidden_act": "silu", "tie_word_embeddings": False, "attention_bias": False,
+        "use_sliding_window": False,
+    },
+    "phi3": {
+        "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+        "hidden_act": "silu", "tie_word_embeddings": False, "partial_rotary_factor": 1.0,
+    },
+    "mistral": {
+        "max_position_embeddings": 4096 * 32, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+        "hidden_act": "silu", "tie_word_embeddings": False,
+    },
     "gemma3": {
         "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
         "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
@@ -46,7 +68,17 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     },
 }
 # fmt: on
-_ACTIVATIONS = {"llama": "silu", "qwen2": "silu", "gemma3": "gelu_pytorch_tanh"}
+_ACTIVATIONS = {
+    "llama": "silu",
+    "qwen2": "silu",
+    "qwen3": "silu",
+    "gemma3": "gelu_pytorch_tanh",
+    "phi3": "silu",
+    "mistral": "silu",
+}
+# The sliding window a config.json that leaves the key out has (MistralConfig's; an explicit null
+# means none). Windows over every layer are read for these families only.
+_WINDOW_DEFAULTS = {"mistral": 4096, "phi3": None}
 
 
 @dataclass(frozen=True)
@@ -60,6 +92,9 @@ class TextConfig:
     vocab_size: int | None  # only as stated (never defaulted): checked against the embedding
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
+    # The RoPE tables convert_hf_to_gguf would write as tensors (gguf_spec.ROPE_TENSORS): Llama 3's
+    # rope_freqs, longrope's short and long factors.
+    rope_tables: Mapping[str, np.ndarray] = field(default_factory=dict)
 
 
 def family_of(config: Mapping[str, Any]) -> str:
@@ -83,21 +118,27 @@ def read_config(config: Mapping[str, Any]) -> TextConfig:
             f"config.json: {act_key} {activation!r} is not supported for {family} "
             f"(supported: {_ACTIVATIONS[family]})"
         )
-    if family == "qwen2" and c.bool("use_sliding_window"):
-        raise SourceError("config.json: qwen2 with use_sliding_window is not supported")
-    meta = _common_metadata(family, c)
+    if family in ("qwen2", "qwen3") and c.bool("use_sliding_window"):
+        raise SourceError(f"config.json: {family} with use_sliding_window is not supported")
+    meta, tables = _common_metadata(family, c)
     if family == "gemma3":
         meta |= _gemma3_metadata(c)
+    if family in _WINDOW_DEFAULTS:
+        window = text.get("sliding_window", _WINDOW_DEFAULTS[family])
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int)):
+            raise SourceError(f"config.json: sliding_window should be an integer or null, not {window!r}")
+        meta["attention.sliding_window"] = window or 0
     # Token ids: a multimodal config keeps them at the top level, a text one in itself.
     ids = _Config({**text, **{k: config[k] for k in ("bos_token_id", "eos_token_id") if k in config}}, {})
     return TextConfig(
         family=family,
         metadata={f"{family}.{k}": v for k, v in meta.items()},
         tie_embeddings=c.bool("tie_word_embeddings"),
-        attention_bias=True if family == "qwen2" else c.bool("attention_bias"),
+        attention_bias=True if family == "qwen2" else False if family == "phi3" else c.bool("attention_bias"),
         vocab_size=c.int("vocab_size", required=False),
         bos_token_id=ids.int("bos_token_id", required=False),
         eos_token_ids=ids.int_list("eos_token_id"),
+        rope_tables=tables,
     )
 
 
@@ -110,7 +151,7 @@ def _text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
     return text
 
 
-def _common_metadata(family: str, c: _Config) -> dict[str, Any]:
+def _common_metadata(family: str, c: _Config) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     heads = c.int("num_attention_heads")
     meta: dict[str, Any] = {
         "embedding_length": c.int("hidden_size"),
@@ -124,13 +165,15 @@ def _common_metadata(family: str, c: _Config) -> dict[str, Any]:
     head_dim = c.int("head_dim", required=False)
     if head_dim:
         meta["attention.key_length"] = meta["attention.value_length"] = head_dim
-    partial = c.float("partial_rotary_factor", required=False)
-    if partial is not None and partial != 1.0:
-        meta["rope.dimension_count"] = int((head_dim or meta["embedding_length"] // heads) * partial)
     global_rope, _ = _rope_parameters(c)
-    meta["rope.freq_base"] = _f32(_number(global_rope.get("rope_theta", c.float("rope_theta")), "rope_theta"))
-    meta |= _rope_scaling(global_rope)
-    return meta
+    rot = head_dim or meta["embedding_length"] // heads
+    partial = global_rope.get("partial_rotary_factor", c.float("partial_rotary_factor", required=False))
+    if partial is not None and _number(partial, "partial_rotary_factor") != 1.0:
+        rot = meta["rope.dimension_count"] = int(rot * partial)
+    theta = _f32(_number(global_rope.get("rope_theta", c.float("rope_theta")), "rope_theta"))
+    meta["rope.freq_base"] = theta
+    scaling, tables = _rope_scaling(global_rope, c, theta, rot)
+    return meta | scaling, tables
 
 
 def _rope_parameters(c: _Config) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
@@ -147,13 +190,74 @@ def _rope_parameters(c: _Config) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
     return scaling or {}, {}
 
 
-def _rope_scaling(rope: Mapping[str, Any]) -> dict[str, Any]:
-    # build_spec refuses every kind but linear, with the message the GGUF source gives.
+def _rope_scaling(
+    rope: Mapping[str, Any], c: _Config, theta: float, rot: int
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """rope_scaling as convert_hf_to_gguf writes it: (metadata keys, RoPE tables as tensors). A kind
+    we do not build goes through as its type, which build_spec refuses as the GGUF source does."""
     kind = rope.get("rope_type", rope.get("type")) or "default"
     if kind == "default":
-        return {}
+        return {}, {}
+
+    def number(key: str, default: float | None = None) -> float:
+        v = rope.get(key, default)
+        if v is None:
+            raise SourceError(f"config.json: rope_scaling {kind} needs {key}")
+        return _number(v, f"rope_scaling.{key}")
+
+    context = c.int("max_position_embeddings")
+    if kind == "llama3":
+        keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+        factor, low, high, original = (number(k) for k in keys)
+        factors = rope_scaling.llama3_factors(theta, rot, factor, low, high, int(original))
+        return {}, {"rope_freqs.weight": factors}
+    if kind == "yarn":
+        factor = number("factor")
+        if rope.get("truncate", True) is not True:
+            raise SourceError("config.json: rope_scaling yarn with truncate false is not supported")
+        meta: dict[str, Any] = {
+            "rope.scaling.type": "yarn",
+            "rope.scaling.factor": _f32(factor),
+            "rope.scaling.original_context_length": int(
+                rope.get("original_max_position_embeddings") or context
+            ),
+        }
+        for key, gguf_key in (("beta_fast", "yarn_beta_fast"), ("beta_slow", "yarn_beta_slow")):
+            if rope.get(key):  # transformers: a missing or zero beta takes its default
+                meta[f"rope.scaling.{gguf_key}"] = _f32(number(key))
+        attn = rope.get("attention_factor")
+        if attn is None:
+            attn = rope_scaling.yarn_attention_factor(factor, rope.get("mscale"), rope.get("mscale_all_dim"))
+        meta["rope.scaling.yarn_attn_factor"] = _f32(_number(attn, "rope_scaling.attention_factor"))
+        return meta, {}
+    if kind in ("longrope", "su"):
+        short, long = (_float_list(rope, key) for key in ("short_factor", "long_factor"))
+        # transformers reads the original context at the top level (Phi-3's configs keep it there)
+        # and then stretches by max_position_embeddings over it.
+        original = c.int("original_max_position_embeddings", required=False)
+        attn = rope.get("attention_factor")
+        if original:
+            default = rope_scaling.longrope_attention_factor(context, original)
+        else:
+            original = int(rope.get("original_max_position_embeddings") or context)
+            factor = number("factor", context / original)
+            default = rope_scaling.longrope_attention_factor(int(factor * original), original)
+        attn = default if attn is None else _number(attn, "rope_scaling.attention_factor")
+        meta = {"rope.scaling.original_context_length": original, "rope.scaling.attn_factor": _f32(attn)}
+        tables = {
+            "rope_factors_short.weight": np.asarray(short, np.float32),
+            "rope_factors_long.weight": np.asarray(long, np.float32),
+        }
+        return meta, tables
     factor = _number(rope.get("factor", 1.0), "rope_scaling.factor")
-    return {"rope.scaling.type": str(kind), "rope.scaling.factor": _f32(factor)}
+    return {"rope.scaling.type": str(kind), "rope.scaling.factor": _f32(factor)}, {}
+
+
+def _float_list(rope: Mapping[str, Any], key: str) -> list[float]:
+    v = rope.get(key)
+    if not isinstance(v, list) or not v:
+        raise SourceError(f"config.json: rope_scaling longrope needs {key}, a list of numbers")
+    return [_number(x, f"rope_scaling.{key}") for x in v]
 
 
 def _gemma3_metadata(c: _Config) -> dict[str, Any]:

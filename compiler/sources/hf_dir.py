@@ -51,6 +51,18 @@ _LAYER_NAMES = {
 _FAMILY_LAYER_NAMES = {
     "llama": {"post_attention_layernorm": "ffn_norm"},
     "qwen2": {"post_attention_layernorm": "ffn_norm"},
+    "qwen3": {
+        "post_attention_layernorm": "ffn_norm",
+        "self_attn.q_norm": "attn_q_norm",
+        "self_attn.k_norm": "attn_k_norm",
+    },
+    # fused: q, k, v rows in qkv_proj; gate then up rows in gate_up_proj (GGUF's ffn_up)
+    "phi3": {
+        "post_attention_layernorm": "ffn_norm",
+        "self_attn.qkv_proj": "attn_qkv",
+        "mlp.gate_up_proj": "ffn_up",
+    },
+    "mistral": {"post_attention_layernorm": "ffn_norm"},
     "gemma3": {
         "post_attention_layernorm": "post_attention_norm",
         "pre_feedforward_layernorm": "ffn_norm",
@@ -96,10 +108,11 @@ def _load(path: Path) -> Checkpoint:
     cfg = read_config(_json(path / "config.json", read))  # refuses a model_type before any weight
     tok = _tokenizer_files(path, read)
     entries = _tensor_entries(path, read, cfg)
-    shapes = {name: e.shape for name, e in entries.items()}
+    # the RoPE tables the converter would write as tensors (Llama 3's, longrope's) join the shapes
+    shapes = {name: e.shape for name, e in entries.items()} | {n: t.shape for n, t in cfg.rope_tables.items()}
     vocab = _vocab(tok, cfg)
     try:
-        spec = build_spec(cfg.family, cfg.metadata, shapes, vocab)
+        spec = build_spec(cfg.family, cfg.metadata, shapes, vocab, cfg.rope_tables)
     except SourceError as e:  # name the tensors as this checkpoint does
         raise SourceError(_GGUF_NAME.sub(lambda m: _hf_name(m[0], cfg.family), str(e))) from None
     _check_config(cfg, spec.vocab_size, spec.attention_bias)

@@ -57,6 +57,12 @@ def paged_kv_cache(
     before rotation; the cache only stores and attends.
     """
     kinds = ["mha_sliding" if w else "mha" for w in spec.sliding_layers] or "mha"
+    if "mha" not in kinds:
+        # TVM's cache allocates its q/k/v staging buffers only where some kind is plain "mha"
+        # (paged_kv_cache.cc), so a model windowed at every layer (Mistral, Phi-3) would fail its
+        # first forward. A kind past the last layer makes it allocate them and names no layer:
+        # the cache has pages for num_hidden_layers layers only.
+        kinds = [*kinds, "mha"]
     return TIRPagedKVCache(
         attn_kind=kinds,
         max_batch_size=max_batch_size,

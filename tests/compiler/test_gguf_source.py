@@ -171,8 +171,9 @@ def test_truncated_header(tiny: dict[str, Path], tmp_path: Path) -> None:
 
 
 def test_unsupported_architecture(tiny: dict[str, Path], tmp_path: Path) -> None:
-    path = rewrite_gguf(tiny["llama"], tmp_path / "phi.gguf", arch="phi3")
-    assert "unsupported architecture 'phi3'; supported: llama, qwen2, gemma3" in _error(path)
+    path = rewrite_gguf(tiny["llama"], tmp_path / "phi.gguf", arch="phi2")
+    supported = "llama, qwen2, qwen3, gemma3, phi3, mistral, bert, nomic_bert"
+    assert f"unsupported architecture 'phi2'; supported: {supported}" in _error(path)
 
 
 def test_unsupported_tensor_type(tiny: dict[str, Path], tmp_path: Path) -> None:
@@ -193,8 +194,19 @@ def test_unsupported_tensor_type(tiny: dict[str, Path], tmp_path: Path) -> None:
         (
             "llama",
             {"set_keys": {"llama.rope.scaling.type": "longrope", "llama.rope.scaling.factor": 2.0}},
-            "rope scaling 'longrope'",
+            "rope scaling longrope without rope_factors_short/long tensors",
         ),
+        (
+            "llama",
+            {"set_keys": {"llama.rope.scaling.type": "dynamic", "llama.rope.scaling.factor": 2.0}},
+            "rope scaling 'dynamic' is not supported (supported: linear, yarn, llama3, longrope)",
+        ),
+        (
+            "gemma3",
+            {"set_keys": {"gemma3.rope.scaling.type": "yarn", "gemma3.rope.scaling.factor": 2.0}},
+            "gemma3: rope scaling 'yarn' is not supported",
+        ),
+        ("llama", {"set_keys": {"llama.rope.dimension_count": 8}}, "partial rotary is not supported"),
         ("gemma3", {"set_keys": {"gemma3.final_logit_softcapping": 30.0}}, "final_logit_softcapping"),
         ("qwen2", {"set_keys": {"tokenizer.ggml.pre": "mystery"}}, "tokenizer.ggml.pre 'mystery'"),
         ("qwen2", {"drop": ["tokenizer.ggml.tokens"]}, "no tokenizer.ggml.tokens"),
@@ -241,18 +253,18 @@ def test_rope_scaling(tiny: dict[str, Path], tmp_path: Path) -> None:
         set_keys={"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 4.0},
     )
     assert spec.rope_scaling == RopeScaling(kind="linear", factor=4.0)
-    # YaRN is not implemented: refused, never silently run as another model.
-    with pytest.raises(SourceError, match="rope scaling 'yarn' is not supported"):
-        _spec_with(
-            tiny,
-            tmp_path,
-            "qwen2",
-            set_keys={
-                "qwen2.rope.scaling.type": "yarn",
-                "qwen2.rope.scaling.factor": 4.0,
-                "qwen2.rope.scaling.original_context_length": 64,
-            },
-        )
+    # YaRN on any family but gemma3 (whose two RoPE bases it does not cover); its own keys past
+    # transformers' rope_scaling are refused, never silently run as another model.
+    yarn = {
+        "qwen2.rope.scaling.type": "yarn",
+        "qwen2.rope.scaling.factor": 4.0,
+        "qwen2.rope.scaling.original_context_length": 64,
+    }
+    spec = _spec_with(tiny, tmp_path, "qwen2", set_keys=yarn)
+    assert (spec.rope_scaling.kind, spec.rope_scaling.original_context) == ("yarn", 64)
+    for key, fragment in (("yarn_ext_factor", "yarn_ext_factor"), ("yarn_log_multiplier", "mscale_all_dim")):
+        with pytest.raises(SourceError, match=fragment):
+            _spec_with(tiny, tmp_path, "qwen2", set_keys={**yarn, f"qwen2.rope.scaling.{key}": 0.5})
     spec = _spec_with(tiny, tmp_path, "llama", set_keys={"llama.rope.scale_linear": 2.0})
     assert spec.rope_scaling == RopeScaling(kind="linear", factor=2.0)
 

@@ -192,19 +192,20 @@ def test_tied_head_stored_anyway(hf_dir) -> None:
 
 
 def test_family_of() -> None:
-    types = ("llama", "qwen2", "gemma3_text", "gemma3", "bert", "nomic_bert")
+    types = ("llama", "qwen2", "qwen3", "gemma3_text", "gemma3", "phi3", "mistral", "bert", "nomic_bert")
     assert [family_of({"model_type": t}) for t in types] == [
         "llama",
         "qwen2",
+        "qwen3",
         "gemma3",
         "gemma3",
+        "phi3",
+        "mistral",
         "bert",
         "nomic_bert",
     ]
-    with pytest.raises(
-        SourceError, match=r"unsupported model_type 'mistral'; supported: bert, gemma3, gemma3_text"
-    ):
-        family_of({"model_type": "mistral"})
+    with pytest.raises(SourceError, match=r"unsupported model_type 'phi'; supported: bert, gemma3, "):
+        family_of({"model_type": "phi"})
 
 
 # ------------------------------------------------------------------------------------- bad input
@@ -226,12 +227,12 @@ def test_no_config_json(tmp_path: Path) -> None:
 
 def test_unsupported_model_type_before_any_weight(hf_dir) -> None:
     d = hf_dir("llama")
-    _edit_json(d / "config.json", model_type="mistral")
+    _edit_json(d / "config.json", model_type="qwen3_moe")
     (d / "model.safetensors").write_bytes(b"not read")
     _refused(
         d,
-        "unsupported model_type 'mistral'",
-        "supported: bert, gemma3, gemma3_text, llama, nomic_bert, qwen2",
+        "unsupported model_type 'qwen3_moe'",
+        "supported: bert, gemma3, gemma3_text, llama, mistral, nomic_bert, phi3, qwen2, qwen3",
     )
 
 
@@ -301,8 +302,21 @@ def test_no_weights(hf_dir) -> None:
         (
             "llama",
             {"rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
-            "rope scaling 'llama3' is not supported",
+            "config.json: rope_scaling llama3 needs low_freq_factor",
         ),
+        (
+            "llama",
+            {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}},
+            "rope scaling 'dynamic' is not supported (supported: linear, yarn, llama3, longrope)",
+        ),
+        (
+            "llama",
+            {"rope_scaling": {"rope_type": "yarn", "factor": 2.0, "truncate": False}},
+            "rope_scaling yarn with truncate false is not supported",
+        ),
+        ("qwen3", {"use_sliding_window": True}, "qwen3 with use_sliding_window is not supported"),
+        ("mistral", {"sliding_window": "wide"}, "sliding_window should be an integer or null"),
+        ("phi3", {"rope_scaling": {"rope_type": "longrope", "short_factor": [1.0]}}, "needs long_factor"),
         ("gemma3", {"final_logit_softcapping": 30.0}, "final_logit_softcapping is not supported"),
         ("llama", {"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported for llama"),
         ("llama", {"hidden_size": None}, "config.json: missing hidden_size"),

@@ -1,8 +1,10 @@
 """A numpy forward pass that follows llama.cpp's graph builders, for checking the compiled model.
 
-Written from llama.cpp's source (src/models/{llama,qwen2,gemma3}.cpp, src/llama-model.cpp,
+Written from llama.cpp's source (src/models/{llama,qwen2,qwen3,gemma3,phi3}.cpp, src/llama-model.cpp,
 src/llama-hparams.{h,cpp}, ggml-cpu rope), not from goinfer's lowering, and it reads the GGUF with
-the `gguf` package alone, so a shared misreading cannot make both sides agree.
+the `gguf` package alone, so a shared misreading cannot make both sides agree. The scaled RoPEs
+(Llama 3's rope_freqs, YaRN, longrope) follow transformers' formulas instead (rope.py), which are
+what the checkpoints were trained with.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "gemma3")
+from .rope import longrope_inv_freq, yarn_inv_freq
+
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "phi3")
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,11 @@ class HParams:
     rope_base_swa: float
     attn_scale: float
     logit_softcap: float
+    # Scaled RoPE (None: plain): inverse frequencies below and from `rope_switch` (longrope's
+    # original context; the same array twice otherwise), and the cos/sin scale.
+    rope_inv_freq: tuple[np.ndarray, np.ndarray] | None = None
+    rope_switch: int = 0
+    rope_mscale: float = 1.0
 
 
 class _Model:
@@ -103,13 +112,45 @@ def _read_hparams(m: _Model) -> HParams:
     # llama_model_base::load_hparams: linear factor from rope.scaling.factor, else rope.scale_linear;
     # llama_context forces freq_scale = 1 when the scaling type is "none".
     scaling = key("rope.scaling.type", "linear")
-    if scaling not in ("linear", "none"):
+    if scaling not in ("linear", "none", "yarn"):
         raise NotImplementedError(f"rope scaling {scaling!r}")
     factor = float(key("rope.scaling.factor", key("rope.scale_linear", 0.0)))
-    freq_scale = 1.0 if scaling == "none" or factor == 0.0 else 1.0 / factor
+    freq_scale = 1.0 if scaling in ("none", "yarn") or factor == 0.0 else 1.0 / factor
+    rope_base = float(key("rope.freq_base", 10000.0))
+    n_ctx = int(key("context_length"))
+    scaled, switch, mscale = None, 0, 1.0
+    if scaling == "yarn":  # transformers' rope_scaling, as convert_hf_to_gguf writes its keys
+        inv, mscale = yarn_inv_freq(
+            rope_base,
+            n_rot,
+            factor,
+            int(key("rope.scaling.original_context_length", n_ctx)),
+            float(key("rope.scaling.yarn_beta_fast", 32.0)),
+            float(key("rope.scaling.yarn_beta_slow", 1.0)),
+            key("rope.scaling.yarn_attn_factor"),
+        )
+        scaled = (inv, inv)
+    if m.has("rope_factors_long.weight"):  # Phi-3's longrope: the factors as tensors
+        original = int(key("rope.scaling.original_context_length"))
+        short, mscale = longrope_inv_freq(
+            rope_base, n_rot, m.weight("rope_factors_short.weight"), n_ctx, original,
+            key("rope.scaling.attn_factor"),
+        )  # fmt: skip
+        long, _ = longrope_inv_freq(
+            rope_base, n_rot, m.weight("rope_factors_long.weight"), n_ctx, original,
+            key("rope.scaling.attn_factor"),
+        )  # fmt: skip
+        scaled, switch = (short, long), original
 
     swa_window, swa_layers, rope_base_swa = 0, (False,) * n_layer, 10000.0
     softcap = 0.0
+    if arch in ("llama", "phi3"):
+        # one window over every layer where the file sets one (Mistral, Phi-3); as transformers masks
+        swa_window = int(key("attention.sliding_window", 0))
+        if 0 < swa_window < n_ctx:
+            swa_layers = (True,) * n_layer
+        else:
+            swa_window = 0
     if arch == "gemma3":
         # llama_model_gemma3::load_arch_hparams: SWA only when attention.sliding_window > 0; the
         # pattern is a per-layer bool array or a period (default 6) where layer il slides iff
@@ -128,8 +169,8 @@ def _read_hparams(m: _Model) -> HParams:
         # n_embd / n_head (integer division), every other size head_dim_k.
         attn_scale = 1.0 / math.sqrt(n_embd // n_head if n_layer == 62 else head_dim_k)
     else:
-        if n_rot != head_dim_k or head_dim_k != head_dim_v:
-            raise NotImplementedError("llama/qwen2 graphs assert n_rot == head_dim_k == head_dim_v")
+        if (n_rot != head_dim_k and arch != "phi3") or head_dim_k != head_dim_v:
+            raise NotImplementedError("llama/qwen2/qwen3 graphs assert n_rot == head_dim_k == head_dim_v")
         attn_scale = 1.0 / math.sqrt(head_dim_k)
 
     return HParams(
@@ -142,14 +183,17 @@ def _read_hparams(m: _Model) -> HParams:
         head_dim_v=head_dim_v,
         n_rot=n_rot,
         eps=float(key("attention.layer_norm_rms_epsilon")),
-        neox=arch != "llama",  # llama_model_rope_type: LLAMA is NORM, QWEN2 and GEMMA3 are NEOX
-        rope_base=float(key("rope.freq_base", 10000.0)),
+        neox=arch != "llama",  # llama_model_rope_type: LLAMA is NORM; QWEN2/3, GEMMA3, PHI3 are NEOX
+        rope_base=rope_base,
         rope_freq_scale=freq_scale,
         swa_window=swa_window,
         swa_layers=swa_layers,
         rope_base_swa=rope_base_swa,
         attn_scale=attn_scale,
         logit_softcap=softcap,
+        rope_inv_freq=scaled,
+        rope_switch=switch,
+        rope_mscale=mscale,
     )
 
 
@@ -240,16 +284,30 @@ def _linear(m: _Model, x: np.ndarray, name: str, rounding: bool) -> np.ndarray:
 def _rope(
     x: np.ndarray, pos: np.ndarray, hp: HParams, base: float, freq_scale: float, factors: np.ndarray | None
 ) -> np.ndarray:
-    """ggml_rope_ext without YaRN: theta_i = pos * freq_scale * base^(-2i/n_rot) / factor_i.
+    """ggml_rope_ext without YaRN: theta_i = pos * freq_scale * base^(-2i/n_rot) / factor_i; or,
+    for a scaled RoPE, theta_i = pos * inv_freq_i (longrope's long table from rope_switch on),
+    cos and sin times its mscale.
 
     x is (T, heads, head_dim); dims past n_rot pass through unchanged.
     """
     half = hp.n_rot // 2
+    if hp.rope_inv_freq is not None:
+        short, long = hp.rope_inv_freq
+        late = (pos >= hp.rope_switch)[:, None] if hp.rope_switch else np.zeros((len(pos), 1), bool)
+        inv_freq = np.where(late, long[None, :], short[None, :])
+        theta = pos[:, None].astype(np.float64) * inv_freq
+        cos, sin = (f(theta)[:, None, :] * hp.rope_mscale for f in (np.cos, np.sin))
+        return _rotate(x, hp, cos, sin)
     inv_freq = base ** (-2.0 * np.arange(half) / hp.n_rot)
     if factors is not None:
         inv_freq = inv_freq / factors
     theta = pos[:, None].astype(np.float64) * freq_scale * inv_freq[None, :]
     cos, sin = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+    return _rotate(x, hp, cos, sin)
+
+
+def _rotate(x: np.ndarray, hp: HParams, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    half = hp.n_rot // 2
     out = x.copy()
     if hp.neox:
         a, b = x[..., :half], x[..., half : hp.n_rot]
@@ -278,20 +336,30 @@ def _attention(m: _Model, x: np.ndarray, il: int, rounding: bool) -> np.ndarray:
     hp = m.hp
     n = x.shape[0]
     blk = f"blk.{il}"
-    q = _linear(m, x, f"{blk}.attn_q", rounding).reshape(n, hp.n_head, hp.head_dim_k)
-    k = _linear(m, x, f"{blk}.attn_k", rounding).reshape(n, hp.n_head_kv, hp.head_dim_k)
-    v = _linear(m, x, f"{blk}.attn_v", rounding).reshape(n, hp.n_head_kv, hp.head_dim_v)
+    if hp.arch == "phi3":  # build_phi3: one qkv matmul, its rows q, then k, then v
+        qkv = _linear(m, x, f"{blk}.attn_qkv", rounding)
+        q_end, k_end = hp.n_head * hp.head_dim_k, (hp.n_head + hp.n_head_kv) * hp.head_dim_k
+        q = qkv[:, :q_end].reshape(n, hp.n_head, hp.head_dim_k)
+        k = qkv[:, q_end:k_end].reshape(n, hp.n_head_kv, hp.head_dim_k)
+        v = qkv[:, k_end:].reshape(n, hp.n_head_kv, hp.head_dim_v)
+    else:
+        q = _linear(m, x, f"{blk}.attn_q", rounding).reshape(n, hp.n_head, hp.head_dim_k)
+        k = _linear(m, x, f"{blk}.attn_k", rounding).reshape(n, hp.n_head_kv, hp.head_dim_k)
+        v = _linear(m, x, f"{blk}.attn_v", rounding).reshape(n, hp.n_head_kv, hp.head_dim_v)
 
-    if hp.arch == "gemma3":  # per-head RMSNorm over head_dim before RoPE
+    if hp.arch in ("gemma3", "qwen3"):  # per-head RMSNorm over head_dim before RoPE
         q = _rms_norm(q, m.weight(f"{blk}.attn_q_norm.weight"), hp.eps)
         k = _rms_norm(k, m.weight(f"{blk}.attn_k_norm.weight"), hp.eps)
 
     # get_rope_freq_base/scale: sliding layers use the *_train_swa values, the rest the context's.
+    # (gemma3's own: a window over every layer, as Mistral's, keeps the model's RoPE)
     swa = hp.swa_layers[il]
-    base = hp.rope_base_swa if swa else hp.rope_base
-    freq_scale = 1.0 if swa else hp.rope_freq_scale
-    # llama's optional llama3-style rope_freqs.weight; the qwen2 and gemma3 graphs pass none.
-    factors = m.weight("rope_freqs.weight") if hp.arch == "llama" and m.has("rope_freqs.weight") else None
+    local = swa and hp.arch == "gemma3"
+    base = hp.rope_base_swa if local else hp.rope_base
+    freq_scale = 1.0 if local else hp.rope_freq_scale
+    # the optional llama3-style rope_freqs.weight (the divisors convert_hf_to_gguf computes from
+    # transformers' rule); the gemma3 graph passes none.
+    factors = m.weight("rope_freqs.weight") if hp.arch != "gemma3" and m.has("rope_freqs.weight") else None
     pos = np.arange(n)
     q = _rope(q, pos, hp, base, freq_scale, factors)
     k = _rope(k, pos, hp, base, freq_scale, factors)
@@ -330,6 +398,9 @@ def _silu(x: np.ndarray) -> np.ndarray:
 def _ffn(m: _Model, x: np.ndarray, il: int, rounding: bool) -> np.ndarray:
     # build_ffn with LLM_FFN_PAR: act(gate(x)) * up(x), then down
     blk = f"blk.{il}"
+    if m.hp.arch == "phi3":  # LLM_FFN_SWIGLU on the fused up: silu(first half) * second half
+        gate, up = np.split(_linear(m, x, f"{blk}.ffn_up", rounding), 2, axis=-1)
+        return _linear(m, _silu(gate) * up, f"{blk}.ffn_down", rounding)
     gate = _linear(m, x, f"{blk}.ffn_gate", rounding)
     gate = _gelu_tanh(gate, rounding) if m.hp.arch == "gemma3" else _silu(gate)
     up = _linear(m, x, f"{blk}.ffn_up", rounding)
@@ -339,7 +410,8 @@ def _ffn(m: _Model, x: np.ndarray, il: int, rounding: bool) -> np.ndarray:
 def reference_logits(
     gguf_path: str | Path, token_ids: list[int], *, llama_cpp_rounding: bool = False
 ) -> np.ndarray:
-    """Logits (len(token_ids), n_vocab) float32 of a full causal pass at positions 0..n-1.
+    """Logits (len(token_ids), n_vocab) float32 of a full causal pass at positions 0..n-1
+    (a sliding window as transformers masks it: a query sees itself and the window - 1 keys before).
 
     llama_cpp_rounding=True mirrors the roundings of llama.cpp's CPU backend, to compare against
     its numbers tightly: each matmul input goes through the weight type's vec_dot_type
