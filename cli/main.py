@@ -29,11 +29,13 @@ from goinfer.serve.config import (
 
 from . import embed as embed_cli
 from . import options
+from .cache import cache_command
 from .chat import chat
 from .check import check
 from .embed import embed, embed_quant
 from .errors import OneLineErrors, fail, user_errors
 from .options import KV_DTYPES, knob
+from .pulls import ModelPuller
 from .zoo import zoo
 
 # `goinfer generate`'s sampling: llama.cpp's CLI filters; the rest SamplingParams' own defaults.
@@ -221,7 +223,17 @@ _N0, _N1 = click.IntRange(min=0), click.IntRange(min=1)
 )
 @knob("--max-queue", ServeConfig, "max_queue", "waiting per model", type=_N0)
 @knob("--max-body-bytes", ServeConfig, "max_body_bytes", "0: derived per route", type=_N0)
-@click.option("--allow-admin", is_flag=True, help="enable POST /admin/models/load and /unload")
+@click.option(
+    "--allow-admin",
+    is_flag=True,
+    help="enable POST /admin/models/load, /unload, /plan and /pull (the web page's Models tab uses them)",
+)
+@knob(
+    "--web/--no-web",
+    ServeConfig,
+    "web",
+    "the chat page and its Models tab on / [default: on when --addr is loopback]",
+)
 @knob("--unload-drain-wait", ServeConfig, "unload_drain_wait_s", "seconds", type=click.FloatRange(min=0))
 @knob(
     "--responses-store",
@@ -392,7 +404,8 @@ def serve(
     except ValueError as e:  # bad --addr/--model, exposure, TLS files, and the loader's reasons
         fail(str(e))
     loader = load if config.allow_admin else None
-    app = create_app(engines, config, loader=loader, encoders=encoders)
+    puller = ModelPuller(defaults) if config.serves_web else None  # the Models tab's pulls and builds
+    app = create_app(engines, config, loader=loader, encoders=encoders, puller=puller)
     for line in server.banner(config, app[CAPS], engines, encoders):
         click.echo(line)
     click.echo(f"  {metrics.describe(config)}")
@@ -539,6 +552,7 @@ main.add_command(zoo)
 main.add_command(embed)
 main.add_command(check)
 main.add_command(chat)
+main.add_command(cache_command)
 
 if __name__ == "__main__":
     main()

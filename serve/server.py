@@ -80,6 +80,8 @@ def banner(
         f"  batches: uploads and batch state under {where} (uploads up to {caps.files // (1 << 20)} MiB); "
         "batch lines run in the room interactive requests leave"
     )
+    if config.serves_web:
+        lines.append(f"  web page: {config.base_url.removesuffix('/v1')}/ (chat and models; --no-web: off)")
     origins = ", ".join(config.cors_origins) if config.cors_origins else "none"
     lines.append(f"  browser origins allowed besides this server's own: {origins} (admin routes: none)")
     admin = f"on (unload drain wait {config.unload_drain_wait_s:g}s)" if config.allow_admin else "off"
