@@ -41,4 +41,22 @@ log "installing $repo [$extras] (editable)"
 log "compiling the package to bytecode"
 "$venv/bin/python" -m compileall -q "$repo/artifacts" "$repo/compiler" "$repo/runtime" "$repo/serve"
 
+# The web page's browser test drives the Chromium Debian packages (Playwright's own browser download
+# is not used). Installed here where it is missing and apt-get can run; otherwise that test says why
+# it skips.
+if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
+  sudo=""
+  if [[ "$(id -u)" != 0 ]] && command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo="sudo -n"; fi
+  if command -v apt-get >/dev/null 2>&1 && { [[ "$(id -u)" == 0 ]] || [[ -n "$sudo" ]]; }; then
+    log "installing chromium with apt-get (for tests/e2e/test_web_browser.py)"
+    apt() { $sudo env DEBIAN_FRONTEND=noninteractive apt-get -qq "$@" >/dev/null 2>&1; }
+    if ! apt install -y chromium; then
+      apt update || true  # a fresh image's package lists may be empty or stale
+      apt install -y chromium || log "apt-get could not install chromium: the browser test will skip"
+    fi
+  else
+    log "no chromium, and no apt-get run as root to install it: the browser test will skip"
+  fi
+fi
+
 log "ready: $venv/bin/goinfer"

@@ -24,7 +24,8 @@ export class ApiError extends Error {
   describe() {
     if (this.status === 0) return `Cannot reach the server: ${this.message}`;
     if (this.status === 401) return `The server wants an API key (or the key is wrong): set it with the Key button. (${this.message})`;
-    if (this.code === "halted") return `The server is halted and takes no new work: ${this.message}`;
+    if (this.code === "halted")
+      return `The server is halted, and takes no new work until it resumes: ${this.message.replace(/^halted: /, "")}`;
     const retry = this.retryAfter ? ` Retry after ${this.retryAfter} s.` : "";
     return `${this.status ? `${this.status}: ` : ""}${this.message}${retry}`;
   }

@@ -8,6 +8,7 @@ const $ = (id) => document.getElementById(id);
 const STORE = "goinfer.conversations"; // [{id, title, model, updated, messages: [{role, content, meta}]}]
 const CURRENT = "goinfer.current";
 const SETTINGS = "goinfer.settings";
+const MEASURABLE_MS = 50; // a reply's decode shorter than this is not timed by the page
 const DEFAULTS = { system: "", temperature: null, top_p: null, max_tokens: null, schema: "", schemaOn: false };
 
 function el(tag, cls, text) {
@@ -48,7 +49,7 @@ export class Chat {
     this.conversations = load(STORE, []);
     this.current = localStorage.getItem(CURRENT);
     this.settings = { ...DEFAULTS, ...load(SETTINGS, {}) };
-    this.models = [];
+    this.models = null; // /v1/models' chat models, once asked
     this.controller = null; // the running reply's AbortController
     this.pending = false; // a render is scheduled
   }
@@ -70,6 +71,7 @@ export class Chat {
       const conv = this.conversation();
       conv.model = $("model-picker").value;
       this.save();
+      this.describeModel();
     });
     this.bindSettings();
     if (!this.conversation(false)) this.newConversation();
@@ -105,6 +107,7 @@ export class Chat {
     const conv = this.conversation(false);
     if (conv && conv.model && [...$("model-picker").options].some((o) => o.value === conv.model))
       $("model-picker").value = conv.model;
+    this.describeModel();
     this.renderList();
     this.renderMessages();
   }
@@ -166,7 +169,12 @@ export class Chat {
       }),
     );
     if (this.models.some((m) => m.id === wanted)) picker.value = wanted;
-    const model = this.models.find((m) => m.id === picker.value);
+    this.describeModel();
+  }
+
+  describeModel() {
+    if (this.models === null) return; // not asked yet
+    const model = this.models.find((m) => m.id === $("model-picker").value);
     $("chat-status").textContent = model
       ? `${model.quant}, context ${model.context_window} tokens`
       : "no chat model is served (load one in the Models tab)";
@@ -396,9 +404,14 @@ function stats(usage, start, first, end) {
     out.prompt_tokens = usage.prompt_tokens;
     out.completion_tokens = usage.completion_tokens;
     out.cached_tokens = usage.prompt_tokens_details ? usage.prompt_tokens_details.cached_tokens : 0;
-    // decode rate: tokens after the first over the time after it (the first waited for the prefill)
-    if (first !== null && usage.completion_tokens > 1 && end > first)
-      out.tokens_per_s = (usage.completion_tokens - 1) / ((end - first) / 1000);
+    // decode rate: tokens after the first over the time after it (the first waited for the prefill).
+    // Under MEASURABLE_MS the stream came in one read or two (a tiny model, far faster than the
+    // network): only a lower bound can be said.
+    if (first !== null && usage.completion_tokens > 1) {
+      const ms = Math.max(end - first, MEASURABLE_MS);
+      out.tokens_per_s = (usage.completion_tokens - 1) / (ms / 1000);
+      out.rate_bound = end - first < MEASURABLE_MS;
+    }
   }
   return out;
 }
@@ -408,7 +421,8 @@ function describe(meta, running) {
   const parts = [];
   if (meta.model) parts.push(meta.model);
   if (meta.completion_tokens !== undefined) parts.push(`${meta.completion_tokens} tokens`);
-  if (meta.tokens_per_s !== undefined) parts.push(`${meta.tokens_per_s.toFixed(1)} tok/s`);
+  if (meta.tokens_per_s !== undefined)
+    parts.push(`${meta.rate_bound ? "over " : ""}${meta.tokens_per_s.toFixed(1)} tok/s`);
   if (meta.cached_tokens !== undefined)
     parts.push(`${meta.cached_tokens} of ${meta.prompt_tokens} prompt tokens cached`);
   if (meta.first_token_s !== undefined) parts.push(`first token ${meta.first_token_s.toFixed(2)} s`);
