@@ -93,9 +93,9 @@ async def grpc_session(a: argparse.Namespace) -> dict[str, Any]:
         ):
             try:
                 await call
-                out[what] = "OK"
+                out[what] = ["OK", ""]
             except grpc.RpcError as e:
-                out[what] = e.code().name
+                out[what] = [e.code().name, e.details()]
     async with grpc.aio.insecure_channel(a.grpc) as channel:
         stub = GRPCInferenceServiceStub(channel)
         meta = await stub.ModelMetadata(pb.ModelMetadataRequest(name=a.model), metadata=auth)
@@ -127,9 +127,9 @@ async def rest_session(a: argparse.Namespace) -> dict[str, Any]:
         ):
             try:
                 await call
-                out[what] = 200
-            except httpx.HTTPStatusError as e:
-                out[what] = e.response.status_code
+                out[what] = [200, ""]
+            except httpx.HTTPStatusError as e:  # the SDK's message carries the server's error text
+                out[what] = [e.response.status_code, str(e)]
     async with httpx.AsyncClient(timeout=a.timeout) as h:
         meta = (await h.get(f"{a.rest}/v2/models/{a.model}", headers=auth)).json()
         out["model_metadata"] = ModelMetadataResponse.model_validate(meta).model_dump()

@@ -29,7 +29,11 @@ def v2_errors(handler: Handler) -> Handler:
         try:
             return await handler(request)
         except APIError as e:
-            return web.json_response({"error": e.message}, status=e.status, headers=e.headers)
+            # exactly application/json, no charset: the kserve SDK reads the error's text only then
+            headers = {**e.headers, "Content-Type": "application/json"}
+            return web.Response(
+                body=json.dumps({"error": e.message}).encode(), status=e.status, headers=headers
+            )
 
     return wrapped
 

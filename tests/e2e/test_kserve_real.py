@@ -122,7 +122,7 @@ def test_the_kserve_sdk_clients(urls) -> None:
         assert [o["name"] for o in got["model_metadata"]["outputs"]] == ["text_output"]
         for how in encodings:
             assert got[f"infer_{how}"]["outputs"][0]["text"] == [want], (side, how)
-    assert out["grpc"]["missing_model"] == "NOT_FOUND" and out["rest"]["missing_model"] == 404
+    assert out["grpc"]["missing_model"][0] == "NOT_FOUND" and out["rest"]["missing_model"][0] == 404
 
 
 def test_grpc_and_http_streams_share_one_scheduler(urls) -> None:

@@ -58,7 +58,8 @@ async def test_grpc_client(seen) -> None:
         assert r["outputs"] == tensor("hi" + REPLY3), how
         assert (r["id"], r["model_name"]) == (f"grpc-{how}", "fake")
         assert r["parameters"]["finish_reason"] == "length"
-    assert g["missing_model"] == "NOT_FOUND" and g["no_key"] == "UNAUTHENTICATED"
+    assert g["missing_model"][0] == "NOT_FOUND" and "no-such-model" in g["missing_model"][1]
+    assert g["no_key"][0] == "UNAUTHENTICATED"
     meta = g["model_metadata"]
     assert meta["name"] == "fake"
     assert {"name": "text_input", "datatype": "BYTES", "shape": ["1"]} in meta["inputs"]
@@ -75,7 +76,9 @@ async def test_rest_client(seen) -> None:
         got = r[f"infer_{how}"]
         assert got["outputs"] == tensor("hi" + REPLY3), how
         assert (got["id"], got["model_name"]) == (f"rest-{how}", "fake")
-    assert r["missing_model"] == 404 and r["no_key"] == 401
+    status, message = r["missing_model"]  # the SDK's HTTPStatusError carries our {"error": ...} text
+    assert status == 404 and message.startswith("model 'no-such-model' is not served here"), message
+    assert r["no_key"][0] == 401
     meta = r["model_metadata"]  # validated by kserve's ModelMetadataResponse
     assert meta["name"] == "fake" and [o["name"] for o in meta["outputs"]] == ["text_output"]
     assert {"name": "text_input", "datatype": "BYTES", "shape": [1]} in meta["inputs"]
