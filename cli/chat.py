@@ -9,6 +9,12 @@ Three ways in, one command:
   to JSON through the runtime's grammar (runtime/grammar.py), as the server's response_format does.
 - --batch IN.jsonl -o OUT.jsonl: a batch file, run by goinfer.cli.batch_run.
 
+A thinking model (runtime/thinking.py) renders its prompt as --thinking says (/think changes it in
+the REPL); its reasoning goes to stderr, dimmed, before the answer (--show-thinking false: a
+marker instead), only the answer enters the conversation, and the reasoning budget keeps it room
+to answer. A --json / --schema answer is rendered thinking-off, as the server renders a
+constrained request.
+
 The imports of the runtime's heavy parts (TVM, the scheduler) are inside the functions: `goinfer
 --help` stays fast.
 """
@@ -32,6 +38,7 @@ from click.core import ParameterSource
 from goinfer.compiler.build import BuildOptions
 from goinfer.runtime.config import SchedulerConfig
 from goinfer.runtime.sampler import SamplingParams
+from goinfer.runtime.thinking import MODES, ThinkingConfig
 
 from . import options
 from .errors import fail, user_errors
@@ -46,6 +53,7 @@ HELP = """commands:
   /system TEXT   set the system prompt (/system alone removes it)
   /clear         forget the conversation (the system prompt and settings stay)
   /temp X        set the temperature (/temp alone shows it)
+  /think MODE    a thinking model's mode: template, asis, on or off (/think alone shows it)
   /save FILE     write the conversation (messages and settings) as JSON
   /load FILE     read one written by /save
   /help          this list
@@ -135,7 +143,7 @@ class Conversation:
 # -- one turn on the runtime ------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Turn:
-    text: str
+    text: str  # the answer (a thinking model's reasoning is not part of it)
     finish: str  # "stop" | "length" | "interrupted"
     prompt_tokens: int
     cached_tokens: int  # of them, how many the KV cache already held
@@ -154,13 +162,61 @@ class TooLong(ValueError):
     pass
 
 
+class Thoughts:
+    """A thinking model's reasoning on stderr, dimmed, before its answer; with `show` False, one
+    "(thinking…)" marker instead. `end()` closes it once the answer starts."""
+
+    def __init__(self, show: bool = True, err: TextIO | None = None):
+        self.show, self.err = show, err
+        self.open = False
+
+    def __call__(self, text: str) -> None:
+        if not self.open:
+            self.open = True
+            if not self.show:
+                click.echo(click.style("(thinking…)", dim=True), nl=False, err=True, file=self.err)
+        if self.show:
+            click.echo(click.style(text, dim=True), nl=False, err=True, file=self.err)
+
+    def end(self) -> None:
+        if self.open:
+            self.open = False
+            click.echo("", err=True, file=self.err)
+
+
+def reasoning_for(model, ids: list[int], thinking: ThinkingConfig):
+    """(the reasoning budget, the split) of a reply to `ids`; (None, None) for a model without a
+    thinking control."""
+    from goinfer.runtime.thinking import ReasoningBudget, ReasoningSplit
+
+    control = model.thinking
+    if control is None:
+        return None, None
+    inside = control.inside(ids)
+    budget = ReasoningBudget(control.open_id, control.close_id, inside, thinking.tokens, thinking.room)
+    return budget, ReasoningSplit(control, inside)
+
+
+def thinking_vars(model, thinking: ThinkingConfig) -> dict[str, Any]:
+    """The template variables `thinking`'s mode renders a prompt with."""
+    from goinfer.runtime.thinking import chat_vars
+
+    return chat_vars(model.thinking, thinking.enable())
+
+
 class ChatEngine:
     """A loaded model and its scheduler: a conversation's turns as prompts that extend each other."""
 
-    def __init__(self, model, engine: SchedulerConfig = REPL_ENGINE):
+    def __init__(
+        self,
+        model,
+        engine: SchedulerConfig = REPL_ENGINE,
+        thinking: ThinkingConfig = ThinkingConfig(),  # noqa: B008 - frozen
+    ):
         from goinfer.runtime.scheduler import Scheduler
 
         self.model = model
+        self.thinking = thinking  # /think changes its mode
         self.scheduler = Scheduler(model, engine)  # applies --ctx to model.context_length
 
     @property
@@ -174,9 +230,10 @@ class ChatEngine:
         dropping one more. Returns (ids, exchanges dropped)."""
         room = self.window - min(conv.config.max_tokens, self.window // 2)
         kept = list(conv.turns)
-        ids, dropped = self.model.chat_prompt(conv.messages()), 0
+        variables = thinking_vars(self.model, self.thinking)
+        ids, dropped = self.model.chat_prompt(conv.messages(), **variables), 0
         while len(ids) > (room if not dropped else room // 2) and conv.drop_oldest():
-            ids, dropped = self.model.chat_prompt(conv.messages()), dropped + 1
+            ids, dropped = self.model.chat_prompt(conv.messages(), **variables), dropped + 1
         if len(ids) > room:
             conv.turns[:] = kept  # the history stays as it was; only this message is refused
             raise TooLong(
@@ -192,15 +249,18 @@ class ChatEngine:
         write: Callable[[str], None],
         cancel: threading.Event,
         t0: float,
+        think: Callable[[str], None] = lambda _text: None,
     ) -> Turn:
-        """Run one turn's prompt (from `fit`); `write` gets the text as it comes, `t0` is when the
-        user pressed Enter. Setting `cancel` ends it at the next step (finish "interrupted")."""
+        """Run one turn's prompt (from `fit`); `write` gets the answer's text as it comes and
+        `think` a thinking model's reasoning, `t0` is when the user pressed Enter. Setting `cancel`
+        ends it at the next step (finish "interrupted")."""
         from goinfer.runtime.decode import GenerationRequest
         from goinfer.runtime.scheduler import Cancelled
 
         parts: list[str] = []
         ttft, cached, finish, timings = None, 0, "interrupted", {}
-        events = self.scheduler.generate(GenerationRequest(ids, sampling), cancel)
+        budget, split = reasoning_for(self.model, ids, self.thinking)
+        events = self.scheduler.generate(GenerationRequest(ids, sampling, reasoning=budget), cancel)
         try:
             with contextlib.closing(events):  # a reply left early frees its sequence now
                 for ev in events:
@@ -208,9 +268,12 @@ class ChatEngine:
                         ttft, cached = time.perf_counter() - t0, int(ev.timings.get("cached_tokens", 0))
                     if cancel.is_set():
                         break  # what was sampled after Ctrl-C is neither shown nor kept
-                    if ev.text:
-                        parts.append(ev.text)
-                        write(ev.text)
+                    thought, text = split.push(ev.token_id, ev.text) if split else ("", ev.text)
+                    if thought:
+                        think(thought)
+                    if text:
+                        parts.append(text)
+                        write(text)
                     if ev.finish_reason is not None:
                         finish, timings = ev.finish_reason, ev.timings
         except Cancelled:
@@ -231,8 +294,17 @@ class ChatEngine:
 
 # -- the REPL -----------------------------------------------------------------------------------------
 class Repl:
-    def __init__(self, engine: ChatEngine, conv: Conversation, out: TextIO, verbose: bool, tty: bool):
+    def __init__(
+        self,
+        engine: ChatEngine,
+        conv: Conversation,
+        out: TextIO,
+        verbose: bool,
+        tty: bool,
+        show_thinking: bool = True,
+    ):
         self.engine, self.conv, self.out, self.verbose, self.tty = engine, conv, out, verbose, tty
+        self.thoughts = Thoughts(show_thinking)
         self.turns: list[Turn] = []  # what each reply cost (a bench reads them)
 
     def say(self, line: str) -> None:
@@ -293,13 +365,14 @@ class Repl:
         cancel = threading.Event()
         previous = signal.signal(signal.SIGINT, lambda *_: cancel.set())  # Ctrl-C: stop this reply only
         try:
-            turn = self.engine.reply(ids, conv.config.sampling(), self._write, cancel, t0)
+            turn = self.engine.reply(ids, conv.config.sampling(), self._write, cancel, t0, self.thoughts)
         except Exception as e:  # one turn's failure (the cache, the model) is a line, not the end
             conv.turns.pop()
             self.say(f"\nerror: {e}")
             return
         finally:
             signal.signal(signal.SIGINT, previous)
+        self.thoughts.end()  # a reply that ended inside its block
         self.out.write("\n")
         self.out.flush()
         if turn.text or turn.finish != "interrupted":  # a stopped reply stays as far as it went
@@ -313,6 +386,7 @@ class Repl:
         self.turns.append(turn)
 
     def _write(self, text: str) -> None:
+        self.thoughts.end()
         self.out.write(text)
         self.out.flush()
 
@@ -333,6 +407,8 @@ class Repl:
             self.say("(system prompt set)" if arg else "(system prompt removed)")
         elif name == "/temp":
             self._temp(arg)
+        elif name == "/think":
+            self._think(arg)
         elif name in ("/save", "/load") and not arg:
             self.say(f"usage: {name} FILE")
         elif name == "/save":
@@ -360,6 +436,21 @@ class Repl:
             return
         self.conv.config = dataclasses.replace(self.conv.config, temperature=t)
         self.say(f"(temperature {t})")
+
+    def _think(self, arg: str) -> None:
+        engine = self.engine
+        if not arg:
+            control = engine.model.thinking
+            what = (
+                control.describe() if control is not None else "no thinking control (the mode does nothing)"
+            )
+            self.say(f"thinking {engine.thinking.mode} ({what})")
+            return
+        if arg not in MODES:
+            self.say(f"error: /think takes one of {', '.join(MODES)}, not {arg!r}")
+            return
+        engine.thinking = dataclasses.replace(engine.thinking, mode=arg)
+        self.say(f"(thinking {arg})")
 
     def _load(self, path: str) -> None:
         try:
@@ -392,25 +483,41 @@ def json_grammar(schema_path: str | None) -> str:
         raise ValueError(f"--schema {schema_path}: not a usable JSON schema: {e}") from None
 
 
-def answer_once(model, conv: Conversation, grammar: str | None, out: TextIO) -> None:
-    """One reply to the conversation's last message, on stdout. With a grammar the text is held
-    until it is complete JSON (stdout is only ever the answer)."""
+def answer_once(
+    model,
+    conv: Conversation,
+    grammar: str | None,
+    out: TextIO,
+    thinking: ThinkingConfig = ThinkingConfig(),  # noqa: B008 - frozen
+    thoughts: Thoughts | None = None,
+) -> None:
+    """One reply to the conversation's last message, on stdout (a thinking model's reasoning to
+    `thoughts`, on stderr). With a grammar the text is held until it is complete JSON (stdout is
+    only ever the answer), and the prompt is rendered thinking-off."""
     from goinfer.runtime.decode import GenerationRequest
     from goinfer.runtime.grammar import GrammarError
 
-    ids = model.chat_prompt(conv.messages(), window=model.context_length)
+    variables = thinking_vars(model, ThinkingConfig(mode="off") if grammar is not None else thinking)
+    ids = model.chat_prompt(conv.messages(), window=model.context_length, **variables)
     try:
         constraint = model.grammar.constraint(grammar) if grammar is not None else None
     except GrammarError as e:
         raise ValueError(f"the schema cannot run on this model: {e}") from None
-    request = GenerationRequest(ids, conv.config.sampling(), constraint=constraint)
+    budget, split = reasoning_for(model, ids, thinking)
+    request = GenerationRequest(ids, conv.config.sampling(), constraint=constraint, reasoning=budget)
+    thoughts = thoughts or Thoughts()
     parts, finish = [], None
     for ev in model.generate(request):
-        if grammar is None and ev.text:
-            out.write(ev.text)
+        thought, text = split.push(ev.token_id, ev.text) if split else ("", ev.text)
+        if thought:
+            thoughts(thought)
+        if grammar is None and text:
+            thoughts.end()
+            out.write(text)
             out.flush()
-        parts.append(ev.text)
+        parts.append(text)
         finish = ev.finish_reason or finish
+    thoughts.end()
     text = "".join(parts)
     if grammar is not None:
         try:
@@ -453,9 +560,9 @@ def run_batch(
 
 # -- the command ----------------------------------------------------------------------------------------
 @click.command(
-    epilog="In the REPL: /system TEXT, /clear, /temp X, /save FILE, /load FILE, /help, /quit. A line "
-    "ending in \\ continues on the next (multi-line input). Ctrl-C stops a reply; twice at an empty "
-    "prompt (or Ctrl-D) leaves."
+    epilog="In the REPL: /system TEXT, /clear, /temp X, /think MODE, /save FILE, /load FILE, /help, /quit. "
+    "A line ending in \\ continues on the next (multi-line input). Ctrl-C stops a reply; twice at an "
+    "empty prompt (or Ctrl-D) leaves."
 )
 @click.argument("model")
 @click.argument("prompt", required=False)
@@ -465,6 +572,15 @@ def run_batch(
 @knob("--seed", ChatConfig, "seed", "a fixed seed: the same replies each run", type=int)
 @knob("--max-tokens", ChatConfig, "max_tokens", "a reply's length at most", type=click.IntRange(min=1))
 @knob("--system", ChatConfig, "system", "a system prompt")
+@options.thinking
+@options.reasoning_budget
+@click.option(
+    "--show-thinking",
+    type=click.BOOL,
+    default=True,
+    show_default=True,
+    help="a thinking model's reasoning, dimmed on stderr before the answer (false: a marker instead)",
+)
 @click.option("--json", "as_json", is_flag=True, help="one answer that is a JSON object (PROMPT or stdin)")
 @click.option(
     "--schema",
@@ -515,6 +631,9 @@ def chat(
     verbose: bool,
     no_selftest: bool,
     device: str,
+    mode: str,
+    budget: str,
+    show_thinking: bool,
     **sampling: Any,
 ) -> None:
     """Chat with MODEL (a .giw, a .gguf or a zoo name) in the terminal: an interactive REPL, or
@@ -532,20 +651,21 @@ def chat(
             if not prompt:
                 raise ValueError("--json / --schema need a PROMPT argument or text on stdin")
         conv = Conversation(ChatConfig(**sampling))
+        thinking = ThinkingConfig(mode=mode, budget=budget)
         m = load_model(model, quant, kv_dtype, no_selftest, device)
         if prompt is not None:
             if context:
                 m.context_length = min(m.context_length, context)
             conv.turns.append({"role": "user", "content": prompt})
-            answer_once(m, conv, grammar, sys.stdout)
+            answer_once(m, conv, grammar, sys.stdout, thinking, Thoughts(show_thinking))
             return
-        engine = ChatEngine(m, dataclasses.replace(REPL_ENGINE, context=context))
+        engine = ChatEngine(m, dataclasses.replace(REPL_ENGINE, context=context), thinking)
         try:
             tty = sys.stdin.isatty()
             if tty:
                 with contextlib.suppress(ImportError):  # line editing and ↑ history, where there is one
                     import readline  # noqa: F401
-            Repl(engine, conv, sys.stdout, verbose, tty).run()
+            Repl(engine, conv, sys.stdout, verbose, tty, show_thinking).run()
         finally:
             engine.close()
     except user_errors() as e:

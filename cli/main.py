@@ -18,6 +18,7 @@ import click
 from goinfer.compiler.build import BuildOptions
 from goinfer.runtime.config import SchedulerConfig
 from goinfer.runtime.sampler import SamplingParams
+from goinfer.runtime.thinking import ThinkingConfig
 from goinfer.serve.config import (
     DECISIONS_TEMPLATES,
     BatchConfig,
@@ -327,6 +328,8 @@ _N0, _N1 = click.IntRange(min=0), click.IntRange(min=1)
 @knob("--top-p", SamplingDefaults, "top_p", "top_p for requests that set none", type=click.FloatRange(0, 1))
 @knob("--top-k", SamplingDefaults, "top_k", "top_k for requests that set none", type=_N0)
 @knob("--min-p", SamplingDefaults, "min_p", "min_p for requests that set none", type=click.FloatRange(0, 1))
+@options.thinking
+@options.reasoning_budget
 @click.option(
     "--batch-dir",
     default=str(default_batch_dir()),
@@ -383,6 +386,7 @@ def serve(
             api_key=api_key or None,
             max_concurrent=engine.max_concurrent,  # the scheduler's: the registry admits as many
             sampling=options.config(SamplingDefaults, knobs),
+            thinking=options.config(ThinkingConfig, knobs),
             embeddings=EmbeddingsConfig(quant=embed_quant),
             batch=BatchConfig(dir=knobs["batch_dir"], max_file_bytes=knobs["max_file_bytes"]),
             swap_guard=SwapGuardConfig.parse(os.environ.get("GOINFER_SWAP_GUARD")),

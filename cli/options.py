@@ -9,6 +9,7 @@ from typing import Any
 import click
 from goinfer.compiler.build import BuildOptions  # light: TVM is imported only inside build()
 from goinfer.runtime.devices import DEVICES
+from goinfer.runtime.thinking import MODES, ThinkingConfig
 
 KV_DTYPES = {"f16": "float16", "f32": "float32"}
 
@@ -56,4 +57,21 @@ drafter_quant = click.option(
     default="int4",
     show_default=True,
     help="the quant a --drafter checkpoint is built with (a .giw keeps its own)",
+)
+# Thinking models (runtime/thinking.py): `goinfer serve` and `goinfer chat` alike
+thinking = knob(
+    "--thinking",
+    ThinkingConfig,
+    "mode",
+    "a thinking model's prompt: template (what its chat template renders when nothing is said), asis "
+    "(the prompt as before thinking was modelled), on or off; a request's own choice wins",
+    type=click.Choice(MODES),
+)
+reasoning_budget = knob(
+    "--reasoning-budget",
+    ThinkingConfig,
+    "budget",
+    "auto: a thinking block closes by 3/4 of max_tokens, leaving room to answer; N: and holds at most N "
+    "tokens; unlimited: neither (a request's thinking_token_budget still holds)",
+    metavar="auto|unlimited|N",
 )

@@ -98,9 +98,9 @@ async def answer(
         job = make_job(parse(schema, json.dumps(body).encode()))
         slot = registry.route(job.model)
         rules = pipeline.rules_for(slot.engine, job)
-        ids = await pipeline.prompt_ids(slot, job, rules)
-        mask = await asyncio.to_thread(pipeline.constraint, rules, slot.engine) if rules.constrained else None
-        plan = pipeline.make_plan(job, slot, rules, ids, mask, config.sampling)
+        ids = await pipeline.prompt_ids(slot, job, rules, config.thinking)
+        masks = await pipeline.choice_masks(rules, slot.engine, job.sampling.n)
+        plan = pipeline.make_plan(job, slot, rules, ids, masks, config.sampling, config.thinking)
         while True:
             reply = await _run(slot, plan, job, config, gate)
             if reply is not None:

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import numpy as np
 from goinfer.runtime.decode import GenerationRequest, StepEvent
 from goinfer.runtime.grammar import GrammarTokenizer
+from goinfer.runtime.thinking import ThinkingControl
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,7 @@ class ModelInfo:
     chat_template: str = ""  # the checkpoint's own (it decides the tool-call format)
     selftest: dict[str, Any] | None = None  # the load's self-test (CPU tier or GPU), for /health
     decisions: bool = False  # answers /v1/systemone (label scoring: `score` and `label_ids`)
+    thinking: ThinkingControl | None = None  # its template's <think> control (runtime/thinking.py)
 
 
 class Engine(Protocol):
@@ -57,6 +59,14 @@ class Engine(Protocol):
         """Token events as runtime.model.Model.generate yields them (the final one has finish_reason
         and timings, cached_tokens among them); `cancel` set stops the run at its next step
         (runtime.scheduler.Cancelled)."""
+        ...
+
+    def generate_choices(
+        self, requests: list[GenerationRequest], cancel: threading.Event | None = None
+    ) -> list[Iterator[StepEvent]]:
+        """OpenAI's `n`: one event stream per request, all of one prompt, each iterated on a thread
+        of its own; each stream is what `generate(request)` alone would give (the scheduler
+        prefills the prompt once and copies its KV to the others)."""
         ...
 
     def score(self, prompt_ids: list[int], cancel: threading.Event | None = None) -> tuple[Any, int]:

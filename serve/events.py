@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from goinfer.runtime.decode import StepEvent
+from goinfer.runtime.thinking import ReasoningSplit
 
 from .errors import APIError, openai_envelope
 
@@ -52,6 +53,7 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0  # prompt tokens whose KV was reused, not computed (prefix caching)
+    reasoning_tokens: int | None = None  # of the completion, the thinking block's; None: no split
 
     @property
     def total_tokens(self) -> int:
@@ -77,6 +79,8 @@ class Delta:
     tool_calls: tuple[ToolCallDelta, ...] = ()
     confidence: list[dict] | None = None  # goinfer_confidence records, on the last delta only
     stop_sequence: str | None = None  # the stop string that ended the reply, on the last delta
+    reasoning: str = ""  # the model's thinking (a thinking model's block), before any answer text
+    index: int = 0  # the choice it belongs to (OpenAI's n)
 
 
 class StopMatcher:
@@ -119,11 +123,16 @@ def text_deltas(
     token_text: Callable[[int], str] = str,
     logprobs: bool = False,
     end_at: Callable[[str], int | None] | None = None,
+    split: ReasoningSplit | None = None,
 ) -> Iterator[Delta]:
     """Fold token events into client-visible deltas (see the module docstring).
 
     `end_at(text so far)` may end the reply like a stop string does, at the index it returns
     (a complete bare tool call, say); the text after that index is dropped.
+
+    `split` separates a thinking model's reasoning from its answer (runtime/thinking.py): the
+    reasoning goes out as it comes, in `Delta.reasoning`; stop strings, `end_at` and logprobs read
+    the answer only (a stop string in the reasoning ends nothing).
 
     completion_tokens counts every token the model produced as text, including those a stop string
     swallowed; the end-of-sequence token is not text and is not counted. `token_text` names a token
@@ -142,19 +151,25 @@ def text_deltas(
             out.append(pending.popleft()[2])
         return tuple(out)
 
+    def usage() -> Usage:
+        return Usage(prompt_tokens, completion, cached, split.reasoning_tokens if split else None)
+
     try:
         for ev in it:
             cached = int(ev.timings.get("cached_tokens", cached))
+            thought, text = split.push(ev.token_id, ev.text) if split is not None else ("", ev.text)
+            if thought:
+                yield Delta("", reasoning=thought)
             if ev.token_id is not None:
                 completion += 1
-                if logprobs:
-                    pending.append((produced, produced + len(ev.text), _entry(ev, token_text)))
+                if logprobs and (split is None or split.answered):
+                    pending.append((produced, produced + len(text), _entry(ev, token_text)))
             else:
                 finish = ev.finish_reason or finish
-            produced += len(ev.text)
-            out, hit = matcher.push(ev.text)
+            produced += len(text)
+            out, hit = matcher.push(text)
             if end_at is not None and not hit:
-                sofar += ev.text
+                sofar += text
                 cut_at = end_at(sofar)
                 if cut_at is not None:
                     out, hit = sofar[emitted : max(cut_at, emitted)], True
@@ -163,8 +178,7 @@ def text_deltas(
                 # Tokens whose text starts before the stop string belong to the reply; the rest do not.
                 cut = emitted + len(out)
                 entries = tuple(e for start, _end, e in pending if start < cut)
-                usage = Usage(prompt_tokens, completion, cached)
-                yield Delta(out, entries, "stop", usage, stop_sequence=matcher.matched)
+                yield Delta(out, entries, "stop", usage(), stop_sequence=matcher.matched)
                 return
             if ev.token_id is None:
                 break
@@ -175,7 +189,7 @@ def text_deltas(
         else:
             out = ""  # the source ended without a final event
         rest = out + matcher.flush()
-        yield Delta(rest, tuple(e for _s, _e, e in pending), finish, Usage(prompt_tokens, completion, cached))
+        yield Delta(rest, tuple(e for _s, _e, e in pending), finish, usage())
     finally:
         close = getattr(it, "close", None)
         if close is not None:
@@ -196,12 +210,15 @@ Chunk = dict[str, Any]
 
 
 def _usage(u: Usage) -> dict[str, Any]:
-    return {
+    out = {
         "prompt_tokens": u.prompt_tokens,
         "completion_tokens": u.completion_tokens,
         "total_tokens": u.total_tokens,
         "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
     }
+    if u.reasoning_tokens is not None:  # a thinking model's reply: how much of it was the thinking
+        out["completion_tokens_details"] = {"reasoning_tokens": u.reasoning_tokens}
+    return out
 
 
 def _bytes(s: str) -> list[int]:
@@ -245,15 +262,18 @@ class NamedEvents(EventBuilder):
 
 
 class ChunkBuilder(EventBuilder):
-    """OpenAI's chunks for one reply (one id, one `created`); subclasses shape the choices."""
+    """OpenAI's chunks for one reply (one id, one `created`); subclasses shape the choices. With
+    n choices, each ends with its own finish chunk, and the usage chunk follows the last of them:
+    the prompt once, the completions of all."""
 
     prefix = ""
     object = ""
 
-    def __init__(self, model: str, include_usage: bool, logprobs: bool = False):
+    def __init__(self, model: str, include_usage: bool, logprobs: bool = False, n: int = 1):
         self.id = f"{self.prefix}-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
-        self.model, self.include_usage, self.logprobs = model, include_usage, logprobs
+        self.model, self.include_usage, self.logprobs, self.n = model, include_usage, logprobs, n
+        self.usages: dict[int, Usage] = {}  # each finished choice's
 
     def _chunk(self, choices: list[dict[str, Any]], usage: Usage | None = None) -> Chunk:
         c: Chunk = {"id": self.id, "object": self.object, "created": self.created, "model": self.model}
@@ -264,15 +284,29 @@ class ChunkBuilder(EventBuilder):
 
     def step(self, d: Delta) -> list[Chunk]:
         out = []
-        if d.text or d.logprobs or d.tool_calls:
+        if d.text or d.logprobs or d.tool_calls or d.reasoning:
             out.append(self._chunk([self._choice(d, None)]))
         if d.finish_reason is not None:
-            out.append(self._chunk([self._choice(Delta(""), d.finish_reason)]))
+            out.append(self._chunk([self._choice(Delta("", index=d.index), d.finish_reason)]))
             if d.confidence is not None:  # goinfer's own event, after the finish chunk
                 out.append({"id": self.id, "goinfer_confidence": d.confidence})
-            if self.include_usage and d.usage is not None:
-                out.append(self._chunk([], d.usage))  # OpenAI's last chunk: no choices, the usage
+            usage = self._finished(d)
+            if self.include_usage and usage is not None:
+                out.append(self._chunk([], usage))  # OpenAI's last chunk: no choices, the usage
         return out
+
+    def _finished(self, d: Delta) -> Usage | None:
+        """The request's usage once every choice has finished, else None: the prompt's counts are
+        the first choice's (the others start from a copy of its KV), the completion tokens all of
+        theirs."""
+        if d.usage is not None:
+            self.usages[d.index] = d.usage
+        if len(self.usages) < self.n or 0 not in self.usages:
+            return None
+        first = self.usages[0]
+        completion = sum(u.completion_tokens for u in self.usages.values())
+        thought = [u.reasoning_tokens for u in self.usages.values() if u.reasoning_tokens is not None]
+        return Usage(first.prompt_tokens, completion, first.cached_tokens, sum(thought) if thought else None)
 
     @abstractmethod
     def _choice(self, d: Delta, finish: str | None) -> dict[str, Any]: ...
@@ -282,20 +316,22 @@ class ChatChunks(ChunkBuilder):
     prefix, object = "chatcmpl", "chat.completion.chunk"
 
     def start(self) -> list[Chunk]:
-        return [self._chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                              "finish_reason": None}])]  # fmt: skip
+        return [self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                              "finish_reason": None}]) for i in range(self.n)]  # fmt: skip
 
     def fold(self, events: list[Chunk]) -> dict[str, Any]:
         return fold_chat(events, self.logprobs)
 
     def _choice(self, d: Delta, finish: str | None) -> dict[str, Any]:
         delta: dict[str, Any] = {}
-        if finish is None and (d.text or not d.tool_calls):
+        if d.reasoning:
+            delta["reasoning_content"] = d.reasoning
+        if finish is None and (d.text or not (d.tool_calls or d.reasoning)):
             delta["content"] = d.text
         if d.tool_calls:
             delta["tool_calls"] = [_tool_call(t) for t in d.tool_calls]
         lp = {"content": [_chat_logprob(e) for e in d.logprobs], "refusal": None} if d.logprobs else None
-        return {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
+        return {"index": d.index, "delta": delta, "logprobs": lp, "finish_reason": finish}
 
 
 def _tool_call(t: ToolCallDelta) -> dict[str, Any]:
@@ -314,17 +350,18 @@ def _chat_logprob(e: TokenLogprob) -> dict[str, Any]:
 class CompletionChunks(ChunkBuilder):
     prefix, object = "cmpl", "text_completion"
 
-    def __init__(self, model: str, include_usage: bool, logprobs: bool = False, echo: str = ""):
-        super().__init__(model, include_usage, logprobs)
-        self.offset = 0  # text_offset of the next token, within the completion
+    def __init__(self, model: str, include_usage: bool, logprobs: bool = False, echo: str = "", n: int = 1):
+        super().__init__(model, include_usage, logprobs, n)
+        self.offsets = [0] * n  # each choice's text_offset of its next token, within its completion
         self.echo = echo  # the prompt, first (echo: true; never with logprobs)
 
     def start(self) -> list[Chunk]:
-        return (
-            [self._chunk([{"index": 0, "text": self.echo, "logprobs": None, "finish_reason": None}])]
-            if self.echo
-            else []
-        )
+        if not self.echo:
+            return []
+        return [
+            self._chunk([{"index": i, "text": self.echo, "logprobs": None, "finish_reason": None}])
+            for i in range(self.n)
+        ]
 
     def fold(self, events: list[Chunk]) -> dict[str, Any]:
         return fold_completion(events, self.logprobs)
@@ -334,83 +371,110 @@ class CompletionChunks(ChunkBuilder):
         if d.logprobs:
             offsets = []
             for e in d.logprobs:
-                offsets.append(self.offset)
-                self.offset += len(e.token)
+                offsets.append(self.offsets[d.index])
+                self.offsets[d.index] += len(e.token)
             lp = {
                 "tokens": [e.token for e in d.logprobs],
                 "token_logprobs": [e.logprob for e in d.logprobs],
                 "top_logprobs": [dict(e.top) for e in d.logprobs],
                 "text_offset": offsets,
             }
-        return {"index": 0, "text": d.text, "logprobs": lp, "finish_reason": finish}
+        return {"index": d.index, "text": d.text, "logprobs": lp, "finish_reason": finish}
 
 
 def fold_chat(chunks: Iterable[Chunk], logprobs: bool) -> dict[str, Any]:
-    """A chat.completion object from its stream."""
+    """A chat.completion object from its stream: one choice per index."""
     head: Chunk | None = None
-    role, content, finish, usage, confidence = "assistant", [], None, None, None
-    lps: list[dict[str, Any]] = []
-    calls: dict[int, dict[str, Any]] = {}
+    usage, confidence = None, None
+    choices: dict[int, _ChatChoice] = {}
     for c in chunks:
         head = head or c
         usage = c.get("usage") or usage
         confidence = c.get("goinfer_confidence", confidence)
         for ch in c.get("choices", ()):
-            role = ch["delta"].get("role", role)
-            content.append(ch["delta"].get("content") or "")
-            for t in ch["delta"].get("tool_calls", ()):
-                call = calls.setdefault(t["index"], {"id": None, "type": "function", "function": {}})
-                call["id"] = t.get("id") or call["id"]
-                fn = call["function"]
-                fn["name"] = t["function"].get("name") or fn.get("name")
-                fn["arguments"] = fn.get("arguments", "") + t["function"].get("arguments", "")
-            lps += (ch.get("logprobs") or {}).get("content") or []
-            finish = ch["finish_reason"] or finish
+            choices.setdefault(ch["index"], _ChatChoice()).add(ch)
     assert head is not None, "a stream always has its first chunk"
-    text = "".join(content)
-    message: dict[str, Any] = {"role": role, "content": text if text or not calls else None, "refusal": None}
-    if calls:
-        message["tool_calls"] = [calls[i] for i in sorted(calls)]
-    choice = {
-        "index": 0,
-        "message": message,
-        "logprobs": {"content": lps, "refusal": None} if logprobs else None,
-        "finish_reason": finish,
-    }
-    return _reply(head, "chat.completion", choice, usage, confidence)
+    folded = [choices[i].fold(i, logprobs) for i in sorted(choices)]
+    return _reply(head, "chat.completion", folded, usage, confidence)
+
+
+class _ChatChoice:
+    """One choice of a chat stream, gathered."""
+
+    def __init__(self) -> None:
+        self.role, self.finish = "assistant", None
+        self.content: list[str] = []
+        self.reasoning: list[str] = []
+        self.lps: list[dict[str, Any]] = []
+        self.calls: dict[int, dict[str, Any]] = {}
+
+    def add(self, ch: dict[str, Any]) -> None:
+        self.role = ch["delta"].get("role", self.role)
+        self.content.append(ch["delta"].get("content") or "")
+        self.reasoning.append(ch["delta"].get("reasoning_content") or "")
+        for t in ch["delta"].get("tool_calls", ()):
+            call = self.calls.setdefault(t["index"], {"id": None, "type": "function", "function": {}})
+            call["id"] = t.get("id") or call["id"]
+            fn = call["function"]
+            fn["name"] = t["function"].get("name") or fn.get("name")
+            fn["arguments"] = fn.get("arguments", "") + t["function"].get("arguments", "")
+        self.lps += (ch.get("logprobs") or {}).get("content") or []
+        self.finish = ch["finish_reason"] or self.finish
+
+    def fold(self, index: int, logprobs: bool) -> dict[str, Any]:
+        text, calls = "".join(self.content), self.calls
+        message: dict[str, Any] = {"role": self.role, "content": text if text or not calls else None,
+                                   "refusal": None}  # fmt: skip
+        if calls:
+            message["tool_calls"] = [calls[i] for i in sorted(calls)]
+        if any(self.reasoning):
+            message["reasoning_content"] = "".join(self.reasoning)
+        return {
+            "index": index,
+            "message": message,
+            "logprobs": {"content": self.lps, "refusal": None} if logprobs else None,
+            "finish_reason": self.finish,
+        }
 
 
 def fold_completion(chunks: Iterable[Chunk], logprobs: bool) -> dict[str, Any]:
-    """A text_completion object from its stream."""
+    """A text_completion object from its stream: one choice per index."""
     head: Chunk | None = None
-    text, finish, usage, confidence = [], None, None, None
-    lp: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    usage, confidence = None, None
+    texts: dict[int, list[str]] = {}
+    finishes: dict[int, str | None] = {}
+    lps: dict[int, dict[str, list[Any]]] = {}
     for c in chunks:
         head = head or c
         usage = c.get("usage") or usage
         confidence = c.get("goinfer_confidence", confidence)
         for ch in c.get("choices", ()):
-            text.append(ch["text"])
+            i = ch["index"]
+            texts.setdefault(i, []).append(ch["text"])
+            lp = lps.setdefault(
+                i, {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+            )
             for k, v in (ch.get("logprobs") or {}).items():
                 lp[k] += v
-            finish = ch["finish_reason"] or finish
+            finishes[i] = ch["finish_reason"] or finishes.get(i)
     assert head is not None, "a stream always has its first chunk"
-    choice = {
-        "index": 0,
-        "text": "".join(text),
-        "logprobs": lp if logprobs else None,
-        "finish_reason": finish,
-    }
-    return _reply(head, "text_completion", choice, usage, confidence)
+    choices = [
+        {"index": i, "text": "".join(texts[i]), "logprobs": lps[i] if logprobs else None,
+         "finish_reason": finishes[i]}
+        for i in sorted(texts)
+    ]  # fmt: skip
+    return _reply(head, "text_completion", choices, usage, confidence)
 
 
-def _reply(head: Chunk, obj: str, choice: dict[str, Any], usage: Any, confidence: Any) -> dict[str, Any]:
+def _reply(
+    head: Chunk, obj: str, choices: list[dict[str, Any]], usage: Any, confidence: Any
+) -> dict[str, Any]:
     reply = {
         "id": head["id"],
         "object": obj,
         "created": head["created"],
         "model": head["model"],
-        "choices": [choice],
+        "choices": choices,
         "usage": usage,
     }
     if confidence is not None:

@@ -5,9 +5,12 @@ through the same pipeline; only the edges differ: the request shape, the named-e
 (message_start, content_block_*, message_delta, message_stop, ping; no [DONE]) and the error
 envelope, which the sub-app's own error middleware answers in.
 
-Fields that do not apply here are accepted and ignored: thinking (any type: no model here
-thinks), cache_control (prefix reuse is automatic), context_management, metadata,
-output_config.effort, the `anthropic-beta` header and `?beta=true`. Structured output
+`thinking` drives a thinking model (serve/thinking.py): enabled (with its budget_tokens) or
+disabled; its reasoning comes back as a `thinking` content block before the answer's, and thinking
+blocks a client sends back on an assistant turn are rendered as the model's template renders
+replayed reasoning. Fields that do not apply here are accepted and ignored: cache_control (prefix
+reuse is automatic), context_management, metadata, output_config.effort, the `anthropic-beta`
+header and `?beta=true`. Structured output
 (`output_config.format`, or the older `output_format`) takes the response_format grammar path,
 strict: a schema it cannot enforce is a 400 naming the keyword.
 
@@ -33,6 +36,7 @@ from .errors import APIError, bad_request
 from .events import Chunk, Delta, NamedEvents
 from .middleware import Body, guards, read_request, text_body
 from .pipeline import Job, Sampling, refused, text_of
+from .thinking import anthropic_ask
 
 PREFIX = "/v1/messages"
 routes = web.RouteTableDef()
@@ -75,7 +79,7 @@ class MessagesRequest(Body):
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None  # accepted, ignored
-    thinking: dict[str, Any] | None = None  # accepted, ignored: no model here thinks
+    thinking: dict[str, Any] | None = None  # enabled (budget_tokens) | disabled | adaptive
     output_config: dict[str, Any] | None = None  # its format is honoured, its effort ignored
     output_format: dict[str, Any] | None = None  # the structured-outputs beta's spelling of the format
     goinfer_confidence: bool = False
@@ -134,7 +138,7 @@ def _joined(*texts: str) -> str:
 def _turn(role: str, blocks: list[Any], i: int) -> list[dict[str, Any]]:
     """One Anthropic message -> chat messages: tool results become tool messages (first, as they
     answer the previous turn's calls), tool_use blocks the assistant's tool_calls."""
-    texts, calls, results = [], [], []
+    texts, calls, results, thoughts = [], [], [], []
     for j, b in enumerate(blocks):
         where = f"messages.{i}.content.{j}"
         kind = b.get("type") if isinstance(b, dict) else None
@@ -149,13 +153,17 @@ def _turn(role: str, blocks: list[Any], i: int) -> list[dict[str, Any]]:
             if b.get("is_error"):
                 text = f"Error: {text}"
             results.append({"role": "tool", "tool_call_id": str(b.get("tool_use_id", "")), "content": text})
-        elif kind in ("thinking", "redacted_thinking"):
-            continue  # replayed reasoning: no model here thinks, so there is nothing to render
+        elif kind == "thinking" and role == "assistant" and isinstance(b.get("thinking"), str):
+            thoughts.append(b["thinking"])  # replayed reasoning: the template decides what to render
+        elif kind == "redacted_thinking" and role == "assistant":
+            continue  # encrypted by another server: nothing here can read it
         else:
             raise refused(where, kind, f"not accepted for role {role!r}")
     out = list(results)
     if texts or calls or not results:
         msg: dict[str, Any] = {"role": role, "content": "\n".join(texts)}
+        if thoughts:
+            msg["reasoning_content"] = "\n".join(thoughts)
         if calls:
             msg["tool_calls"] = calls
         out.append(msg)
@@ -214,6 +222,7 @@ def job(req: MessagesRequest, beta: str = "", need_max_tokens: bool = True) -> J
         response_format=response_format(fmt),
         schema_param="output_format.schema" if fmt is req.output_format else "output_config.format.schema",
         tool_schema_param="tools.{i}.input_schema",
+        thinking=anthropic_ask(req.thinking),
     )
 
 
@@ -251,8 +260,9 @@ async def count_tokens(request: web.Request) -> web.Response:
 
 # -- the stream ------------------------------------------------------------------------------------
 class MessageEvents(NamedEvents):
-    """Deltas -> Anthropic's named events. Text and each tool call are content blocks in order;
-    prose before a call is its own text block."""
+    """Deltas -> Anthropic's named events. A thinking model's reasoning, text and each tool call
+    are content blocks in order; prose before a call is its own text block. A thinking block's
+    signature is empty: nothing here signs (a client that sends it back has it ignored)."""
 
     keepalive = b'event: ping\ndata: {"type": "ping"}\n\n'
 
@@ -295,6 +305,11 @@ class MessageEvents(NamedEvents):
 
     def step(self, d: Delta) -> list[Chunk]:
         out: list[Chunk] = []
+        if d.reasoning:
+            if self.open != "thinking":
+                out += self._begin({"type": "thinking", "thinking": "", "signature": ""})
+            out.append({"type": "content_block_delta", "index": self.index,
+                        "delta": {"type": "thinking_delta", "thinking": d.reasoning}})  # fmt: skip
         if d.text:
             if self.open != "text":
                 out += self._begin({"type": "text", "text": ""})
@@ -341,6 +356,8 @@ def fold_message(events: Iterable[Chunk]) -> dict[str, Any]:
             delta = e["delta"]
             if delta["type"] == "text_delta":
                 blocks[e["index"]]["text"] += delta["text"]
+            elif delta["type"] == "thinking_delta":
+                blocks[e["index"]]["thinking"] += delta["thinking"]
             else:
                 partial_json[e["index"]] = partial_json.get(e["index"], "") + delta["partial_json"]
         elif kind == "message_delta":

@@ -46,6 +46,7 @@ class ModelEngine:
             chat_template=model.chat_template,
             selftest=model.self_test.to_json() if model.self_test else None,
             decisions=True,
+            thinking=model.thinking,
         )
         # llguidance's tokenizer view takes ~1.7 s for a 152k vocabulary: built now, off the request path.
         self.grammar: GrammarTokenizer | None = model.grammar.start()
@@ -83,6 +84,13 @@ class ModelEngine:
         if self.scheduler is None:
             raise RuntimeError("model was unloaded")
         return self.scheduler.generate(request, cancel)
+
+    def generate_choices(
+        self, requests: list[GenerationRequest], cancel: threading.Event | None = None
+    ) -> list[Iterator[StepEvent]]:
+        if self.scheduler is None:
+            raise RuntimeError("model was unloaded")
+        return self.scheduler.generate_choices(requests, cancel)
 
     def score(self, prompt_ids: list[int], cancel: threading.Event | None = None) -> tuple[np.ndarray, int]:
         if self.scheduler is None:

@@ -13,10 +13,12 @@ confidence) on the model's worker thread.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -26,7 +28,9 @@ from goinfer.runtime import grammar as g
 from goinfer.runtime.decode import GenerationRequest, StepEvent
 from goinfer.runtime.prompt import PromptTooLong
 from goinfer.runtime.sampler import SamplingParams
+from goinfer.runtime.thinking import ThinkingConfig
 
+from . import thinking as think
 from .confidence import recorded, with_confidence
 from .config import SamplingDefaults
 from .engine import Engine
@@ -60,6 +64,7 @@ class Sampling:
     top_logprobs: int = 0
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias); ids checked in make_plan
     repetition_penalty: float | None = None
+    n: int = 1  # choices (OpenAI's n): choice i draws with seed + i
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,7 @@ class Reply:
     tools: ToolPlan | None
     params: SamplingParams  # the sampling the run got, defaults filled in (Responses echoes it)
     echo: str = ""  # /v1/completions' echo: the prompt's text, sent before the completion
+    n: int = 1  # choices, each ending with its own finish; the usage comes after the last
 
 
 @dataclass(frozen=True)
@@ -95,6 +101,7 @@ class Job:
     # Where the API's request spelled the schemas, for errors that name them.
     schema_param: str = "response_format.json_schema.schema"
     tool_schema_param: str = "tools.{i}.function.parameters"
+    thinking: think.ThinkingAsk = think.NO_ASK  # what the request asked of a thinking model
 
 
 # -- message content, the same way for every API ------------------------------------------------
@@ -223,13 +230,20 @@ def confidence_schema(asked: bool, fmt: Structured | None, with_tools: bool) -> 
 
 
 # -- 3. prompt ids ---------------------------------------------------------------------------------
-async def prompt_ids(slot: ModelSlot, job: Job, rules: Rules) -> list[int]:
+async def prompt_ids(
+    slot: ModelSlot, job: Job, rules: Rules, thinking: ThinkingConfig = think.SERVER_DEFAULT
+) -> list[int]:
     """The prompt's ids, tokenized off the event loop; a prompt that cannot fit the window is
-    refused before it is tokenized in full (runtime/prompt.py)."""
+    refused before it is tokenized in full (runtime/prompt.py). A thinking model's prompt renders
+    thinking on or off as the request (else `thinking`, the server's mode) asks, and off whatever
+    was asked when the reply is constrained from its first token (serve/thinking.py)."""
     engine = slot.engine
     if job.messages is not None:
-        messages = prepare_messages(job.messages, rules.tools, engine.info.chat_template)
-        return await _tokenized(slot, job, partial(engine.chat_ids, messages, **rules.template_vars()))
+        control = engine.info.thinking
+        messages = think.replayed(job.messages, control, thinking)
+        messages = prepare_messages(messages, rules.tools, engine.info.chat_template)
+        variables = think.template_vars(control, job.thinking, thinking) | rules.template_vars()
+        return await _tokenized(slot, job, partial(engine.chat_ids, messages, **variables))
     if isinstance(job.prompt, str):
         return await _tokenized(slot, job, partial(engine.text_ids, job.prompt))
     ids = list(job.prompt or ())
@@ -281,27 +295,63 @@ def constraint(rules: Rules, engine: Engine) -> g.Constraint | None:
         raise schema_error(rules.schema_param, e) from None
 
 
+async def choice_masks(rules: Rules, engine: Engine, n: int) -> list[g.Constraint]:
+    """One compiled constraint a choice (each is stateful: one run's), or none when unconstrained."""
+    if not rules.constrained:
+        return []
+    masks = [await asyncio.to_thread(constraint, rules, engine) for _ in range(n)]
+    return [m for m in masks if m is not None]
+
+
 # -- 5. the plan: checked against the window, defaults filled in ------------------------------------
 @dataclass(frozen=True)
 class Plan:
-    """What the model's worker runs."""
+    """What the model's worker runs: one request a choice (OpenAI's n), the first the plain one."""
 
     model: str
-    request: GenerationRequest
+    choices: tuple[GenerationRequest, ...]
     stops: tuple[str, ...]
     logprobs: bool
     rules: Rules
+    thinking: think.Thinking | None = None  # a thinking model's: its budget and its split
+
+    @property
+    def request(self) -> GenerationRequest:
+        return self.choices[0]
 
     def reply(self, echo: str = "") -> Reply:
         r = self.request
-        return Reply(self.model, len(r.prompt_ids), self.logprobs, self.rules.tools, r.sampling, echo)
+        return Reply(
+            self.model,
+            len(r.prompt_ids),
+            self.logprobs,
+            self.rules.tools,
+            r.sampling,
+            echo,
+            len(self.choices),
+        )
 
     def deltas(
         self, engine: Engine, cancel: threading.Event | None = None, watch: Watch | None = None
     ) -> Iterator[Delta]:
-        """The one generation path: the engine's token events folded into client deltas."""
+        """The one generation path: the engine's token events folded into client deltas; with
+        several choices, each folded alike on a thread of its own and merged (`Delta.index`)."""
+        if len(self.choices) == 1:
+            return self.folded(engine.generate(self.request, cancel), engine, cancel, watch)
+        cancel = cancel or threading.Event()
+        streams = engine.generate_choices(list(self.choices), cancel)
+        return merged([self.folded(ev, engine, cancel, watch) for ev in streams], cancel)
+
+    def folded(
+        self,
+        events: Iterator[StepEvent],
+        engine: Engine,
+        cancel: threading.Event | None = None,
+        watch: Watch | None = None,
+    ) -> Iterator[Delta]:
+        """One choice's token events as client deltas: stop strings, logprobs, tool calls, confidence."""
         confidence = self.rules.confidence
-        events = logged(engine.generate(self.request, cancel), self.model)
+        events = logged(events, self.model)
         if watch is not None:  # /metrics: timed and counted on this worker thread
             events = watch(events, len(self.request.prompt_ids), cancel)
         if self.rules.constrained:
@@ -312,7 +362,8 @@ class Plan:
         tools = self.rules.tools
         end_at = tools.reply_end if tools is not None else None
         n = len(self.request.prompt_ids)
-        out = text_deltas(events, n, self.stops, engine.token_text, self.logprobs, end_at)
+        split = self.thinking.splitter() if self.thinking is not None else None
+        out = text_deltas(events, n, self.stops, engine.token_text, self.logprobs, end_at, split)
         if tools is not None:
             out = ToolDeltas(tools.fmt, tools.names)(out)
         if confidence is not None:
@@ -321,9 +372,17 @@ class Plan:
 
 
 def make_plan(
-    job: Job, slot: ModelSlot, rules: Rules, ids: list[int], mask: g.Constraint | None, d: SamplingDefaults
+    job: Job,
+    slot: ModelSlot,
+    rules: Rules,
+    ids: list[int],
+    masks: Sequence[g.Constraint],
+    d: SamplingDefaults,
+    thinking: ThinkingConfig = think.SERVER_DEFAULT,
 ) -> Plan:
-    """Refuse a prompt the window cannot hold; the reply's budget is the runtime's to clamp."""
+    """Refuse a prompt the window cannot hold; the reply's budget is the runtime's to clamp.
+    `masks`: one compiled constraint a choice (a constraint is one run's), or none. A chat
+    prompt to a thinking model gets its reasoning budget and split (serve/thinking.py)."""
     s = job.sampling
     if len(ids) >= slot.engine.info.context_window:
         raise too_long(job, slot, str(len(ids)))
@@ -344,9 +403,60 @@ def make_plan(
         logit_bias=s.logit_bias,
         repetition_penalty=1.0 if s.repetition_penalty is None else s.repetition_penalty,
     )
-    capture = rules.confidence is not None
-    request = GenerationRequest(ids, params, s.top_logprobs if s.logprobs else None, mask, capture)
-    return Plan(slot.name, request, s.stops, s.logprobs, rules)
+    capture, top = rules.confidence is not None, s.top_logprobs if s.logprobs else None
+    chat = job.messages is not None
+    reasoning = think.plan(slot.engine.info.thinking, job.thinking, thinking, ids) if chat else None
+    budget = reasoning.budget if reasoning is not None else None
+    choices = tuple(
+        GenerationRequest(ids, choice_sampling(params, i), top, masks[i] if masks else None, capture, budget)
+        for i in range(s.n)
+    )
+    return Plan(slot.name, choices, s.stops, s.logprobs, rules, reasoning)
+
+
+def choice_sampling(params: SamplingParams, i: int) -> SamplingParams:
+    """Choice i of a seeded request draws with seed + i: choice 0 is the request's reply with n=1,
+    and choice i the reply to the same request with n=1 and seed + i."""
+    return params if i == 0 or params.seed is None else dataclasses.replace(params, seed=params.seed + i)
+
+
+def merged(choices: list[Iterator[Delta]], cancel: threading.Event) -> Iterator[Delta]:
+    """Several choices' deltas as they come, each tagged with its index. Each choice runs on a
+    thread of its own, since each blocks on the scheduler for its steps (which batches them); an
+    error in one, or the consumer leaving, stops them all."""
+    out: queue.Queue[tuple[int, Delta | BaseException | None]] = queue.Queue()
+
+    def pump(i: int, deltas: Iterator[Delta]) -> None:
+        try:
+            for d in deltas:
+                if cancel.is_set():
+                    break
+                out.put((i, dataclasses.replace(d, index=i)))
+        except BaseException as e:  # handed to the consumer's thread, which raises it
+            out.put((i, e))
+        finally:
+            close = getattr(deltas, "close", None)
+            if close is not None:
+                close()
+            out.put((i, None))
+
+    threads = [threading.Thread(target=pump, args=(i, c), daemon=True) for i, c in enumerate(choices)]
+    for t in threads:
+        t.start()
+    try:
+        running = len(threads)
+        while running:
+            _i, item = out.get()
+            if item is None:
+                running -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        cancel.set()  # a no-op once every choice has ended; stops the others on an error or an exit
+        for t in threads:
+            t.join()
 
 
 # -- 6. the run ----------------------------------------------------------------------------------
@@ -354,16 +464,16 @@ async def prepare(request: web.Request, job: Job) -> tuple[ModelSlot, Rules, lis
     """Route, rules and prompt ids: all a count of tokens needs."""
     slot = request.config_dict[REGISTRY].route(job.model)
     rules = rules_for(slot.engine, job)
-    return slot, rules, await prompt_ids(slot, job, rules)
+    return slot, rules, await prompt_ids(slot, job, rules, request.config_dict[CONFIG].thinking)
 
 
 async def run(request: web.Request, job: Job) -> web.StreamResponse:
     """The whole pipeline: queue the plan on the model's worker; its events as SSE, or their fold."""
     arrived = time.perf_counter()
     slot, rules, ids = await prepare(request, job)
-    mask = await asyncio.to_thread(constraint, rules, slot.engine) if rules.constrained else None
+    masks = await choice_masks(rules, slot.engine, job.sampling.n)
     cfg = request.config_dict[CONFIG]
-    plan = make_plan(job, slot, rules, ids, mask, cfg.sampling)
+    plan = make_plan(job, slot, rules, ids, masks, cfg.sampling, cfg.thinking)
     metrics = request.config_dict.get(METRICS)
     watch = metrics.watch(slot.name, arrived) if metrics is not None else None
     work = slot.submit(partial(plan.deltas, slot.engine, watch=watch), cfg.poll_s, cfg.retry_after_s)

@@ -6,6 +6,11 @@ same constraints; so a response is a Job that runs through the same pipeline. `s
 default) keeps the response and its conversation in an in-memory ring of `--responses-store`
 entries (256), oldest dropped first: `previous_response_id` continues from one of them (its
 instructions are not carried over, as in OpenAI's API), and an id no longer held is a 404.
+
+A thinking model's reasoning is a `reasoning` output item (its text a `reasoning_text` part) before
+the message; `reasoning: {"effort": "none"}` turns thinking off (other efforts change nothing), and
+reasoning items sent back in `input` are rendered as the model's template renders replayed
+reasoning, with the assistant turn that follows them.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from .events import Chunk, Delta, NamedEvents
 from .keys import RESPONSES
 from .middleware import Body, read_request, text_body
 from .pipeline import RESPONSES_TEXT, Job, Reply, Sampling, text_of
+from .thinking import responses_ask
 
 routes = web.RouteTableDef()
 
@@ -47,7 +53,7 @@ class ResponsesRequest(Body):
     store: bool = True
     previous_response_id: str | None = None
     metadata: dict[str, Any] | None = None
-    reasoning: dict[str, Any] | None = None  # accepted, ignored: no model here reasons
+    reasoning: dict[str, Any] | None = None  # {"effort": "none"} turns thinking off
     goinfer_confidence: bool = False
 
 
@@ -82,6 +88,7 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
     out: list[dict[str, Any]] = []
+    thought: list[str] = []  # reasoning items, for the assistant turn that follows them
     for i, item in enumerate(items):
         kind = item.get("type", "message")
         if kind == "message":
@@ -90,22 +97,41 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
                 raise bad_request(f"input.{i}.role: {role!r} is not a valid role", param=f"input.{i}.role")
             text = text_of(item.get("content"), f"input.{i}.content", RESPONSES_TEXT)
             out.append({"role": "system" if role == "developer" else role, "content": text})
+            if role == "assistant" and thought:
+                out[-1]["reasoning_content"] = "\n".join(thought)
+            thought = []
         elif kind == "function_call":
             fn = {"name": item.get("name"), "arguments": item.get("arguments", "{}")}
             call = {"id": str(item.get("call_id", "")), "type": "function", "function": fn}
-            if out and out[-1]["role"] == "assistant":
+            if out and out[-1]["role"] == "assistant" and not thought:
                 out[-1].setdefault("tool_calls", []).append(call)
             else:
                 out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+                if thought:
+                    out[-1]["reasoning_content"] = "\n".join(thought)
+            thought = []
         elif kind == "function_call_output":
             output = item.get("output", "")
             content = text_of(output, f"input.{i}.output", RESPONSES_TEXT)
             out.append({"role": "tool", "tool_call_id": str(item.get("call_id", "")), "content": content})
         elif kind == "reasoning":
-            continue
+            thought += [t] if (t := _reasoning_text(item, i)) else []
         else:
             raise unsupported(f"input.{i}: input items of type {kind!r} are not supported", f"input.{i}.type")
     return out
+
+
+def _reasoning_text(item: dict[str, Any], i: int) -> str:
+    """A reasoning item's text: its reasoning_text parts, else its summary's (encrypted content,
+    another server's, cannot be read here)."""
+    parts = item.get("content") or item.get("summary") or []
+    readable = isinstance(parts, list) and all(
+        isinstance(p, dict) and isinstance(p.get("text"), str) for p in parts
+    )
+    if not readable:
+        where = f"input.{i}.content"
+        raise bad_request(f"{where}: a reasoning item's parts each need a text", param=where)
+    return "\n".join(p["text"] for p in parts)
 
 
 def chat_tools(req: ResponsesRequest) -> tuple[list[dict[str, Any]] | None, Any]:
@@ -203,6 +229,7 @@ def job(req: ResponsesRequest, store: ResponseStore) -> Job:
         tools=tools,
         tool_choice=choice,
         parallel_tool_calls=req.parallel_tool_calls,
+        thinking=responses_ask(req.reasoning),
     )
 
 
@@ -282,6 +309,11 @@ class ResponseEvents(NamedEvents):
             where = {"item_id": item["id"], "output_index": i, "content_index": 0}
             out += [self._event("response.output_text.done", **where, text=part["text"], logprobs=[]),
                     self._event("response.content_part.done", **where, part=part)]  # fmt: skip
+        elif item["type"] == "reasoning":
+            part = item["content"][0]
+            where = {"item_id": item["id"], "output_index": i, "content_index": 0}
+            out += [self._event("response.reasoning_text.done", **where, text=part["text"]),
+                    self._event("response.content_part.done", **where, part=part)]  # fmt: skip
         else:
             where = {"item_id": item["id"], "output_index": i}
             out.append(
@@ -294,17 +326,27 @@ class ResponseEvents(NamedEvents):
         out = self._close()
         self.open = item
         shown = {**item, "status": "in_progress"}
-        if item["type"] == "message":
+        if item["type"] in ("message", "reasoning"):
             shown["content"] = []
         out.append(self._event("response.output_item.added", output_index=self._index(), item=shown))
-        if item["type"] == "message":
-            part = {"type": "output_text", "text": "", "annotations": []}
+        if item["type"] in ("message", "reasoning"):
+            part = {**item["content"][0]}
             where = {"item_id": item["id"], "output_index": self._index(), "content_index": 0}
             out.append(self._event("response.content_part.added", **where, part=part))
         return out
 
     def step(self, d: Delta) -> list[Chunk]:
         out: list[Chunk] = []
+        if d.reasoning:
+            if self.open is None or self.open["type"] != "reasoning":
+                part = {"type": "reasoning_text", "text": ""}
+                out += self._begin(
+                    {"type": "reasoning", "id": f"rs_{_hex()}", "summary": [], "content": [part]}
+                )
+            assert self.open is not None
+            self.open["content"][0]["text"] += d.reasoning
+            where = {"item_id": self.open["id"], "output_index": self._index(), "content_index": 0}
+            out.append(self._event("response.reasoning_text.delta", **where, delta=d.reasoning))
         if d.text:
             if self.open is None or self.open["type"] != "message":
                 part = {"type": "output_text", "text": "", "annotations": []}
@@ -333,7 +375,7 @@ class ResponseEvents(NamedEvents):
                 "cache_write_tokens": 0,
             },
             "output_tokens": used,
-            "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": (d.usage.reasoning_tokens or 0) if d.usage else 0},
             "total_tokens": self.input_tokens + used,
         }
         cut = d.finish_reason == "length"
@@ -347,12 +389,15 @@ class ResponseEvents(NamedEvents):
 def _as_chat(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The reply as chat messages, for a conversation continued by previous_response_id."""
     text = "".join(i["content"][0]["text"] for i in items if i["type"] == "message")
+    thought = "".join(i["content"][0]["text"] for i in items if i["type"] == "reasoning")
     calls = [
         {"id": i["call_id"], "type": "function", "function": {"name": i["name"], "arguments": i["arguments"]}}
         for i in items
         if i["type"] == "function_call"
     ]
     msg: dict[str, Any] = {"role": "assistant", "content": text}
+    if thought:
+        msg["reasoning_content"] = thought
     if calls:
         msg["tool_calls"] = calls
     return [msg]

@@ -23,8 +23,10 @@ from .keys import REGISTRY, STARTED
 from .middleware import Body, read_request, text_body
 from .pipeline import Job, Sampling, text_of
 from .registry import ModelSlot
+from .thinking import ThinkingAsk, openai_ask
 
 MAX_STOPS = 4
+MAX_CHOICES = 16  # n: each choice holds a copy of the prompt's KV and a worker thread while it runs
 MAX_LOGIT_BIAS = 300  # OpenAI's limit on logit_bias entries
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
@@ -90,6 +92,20 @@ class ChatRequest(SamplingRequest):
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
+    # thinking models (serve/thinking.py): template variables (enable_thinking is read), effort
+    # "none" turns thinking off, the split's format, a block's budget (llama.cpp's name too)
+    chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: str | None = None
+    reasoning_format: str | None = None
+    thinking_token_budget: Annotated[int, Field(ge=0)] | None = None
+    thinking_budget_tokens: Annotated[int, Field(ge=-1)] | None = None  # llama.cpp's; -1: the server's
+
+    @property
+    def thinking(self) -> ThinkingAsk:
+        budget = self.thinking_token_budget
+        if budget is None and self.thinking_budget_tokens is not None and self.thinking_budget_tokens >= 0:
+            budget = self.thinking_budget_tokens
+        return openai_ask(self.chat_template_kwargs, self.reasoning_effort, self.reasoning_format, budget)
 
 
 TokenIds = list[Annotated[int, Field(ge=0)]]
@@ -126,9 +142,10 @@ def chat_job(req: ChatRequest) -> Job:
     return Job(
         model=req.model,
         sampling=openai_sampling(req),
-        reply=lambda r: ChatChunks(r.model, usage, r.logprobs),
+        reply=lambda r: ChatChunks(r.model, usage, r.logprobs, r.n),
         messages=chat_messages(list(req.messages)),
         stream=req.stream,
+        thinking=req.thinking,
         response_format=req.response_format,
         confidence=req.goinfer_confidence,
         tools=req.tools,
@@ -144,7 +161,7 @@ def completion_job(req: CompletionRequest) -> Job:
     return Job(
         model=req.model,
         sampling=openai_sampling(req),
-        reply=lambda r: CompletionChunks(r.model, usage, r.logprobs, r.echo),
+        reply=lambda r: CompletionChunks(r.model, usage, r.logprobs, r.echo, r.n),
         prompt=prompt if isinstance(prompt, str) else tuple(prompt),
         prompt_field="prompt",
         echo=req.echo,
@@ -155,8 +172,10 @@ def completion_job(req: CompletionRequest) -> Job:
 
 
 def refuse_unsupported(req: SamplingRequest) -> None:
-    if req.n not in (None, 1):
-        raise bad_request(f"n={req.n}: only n=1 is supported", param="n")
+    if req.n is not None and req.n > MAX_CHOICES:
+        raise bad_request(f"n={req.n}: at most {MAX_CHOICES} choices a request", param="n")
+    if (req.n or 1) > 1 and req.goinfer_confidence:
+        raise bad_request("goinfer_confidence is offered with n=1 only", param="goinfer_confidence")
     if isinstance(req, CompletionRequest):
         if req.echo and req.logprobs is not None:  # OpenAI would score the prompt's tokens too
             raise unsupported("echo with logprobs is not supported (no prompt log-probabilities)", "echo")
@@ -183,6 +202,9 @@ def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
             raise bad_request(f"{where} is required for role {m.role!r}", param=where)
         d = m.model_dump(exclude_none=True)
         d["role"], d["content"] = role, text_of(d.get("content"), f"messages.{i}.content")
+        if role == "assistant" and "reasoning" in d:  # vLLM's newer name for replayed reasoning
+            reasoning = d.pop("reasoning")
+            d.setdefault("reasoning_content", reasoning)
         out.append(d)
     return out
 
@@ -225,6 +247,7 @@ def openai_sampling(req: SamplingRequest) -> Sampling:
         top,
         logit_bias=logit_bias(req.logit_bias),
         repetition_penalty=repetition_penalty(req.repetition_penalty),
+        n=req.n or 1,
     )
 
 

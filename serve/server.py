@@ -59,6 +59,10 @@ def banner(
         memory = getattr(engine, "memory_line", None)  # real models; the tests' fakes have no cache
         if memory is not None:
             lines.append(f"    {memory()}")
+        if i.thinking is not None:  # a thinking model: how --thinking and --reasoning-budget apply to it
+            t = config.thinking
+            how = f"--thinking {t.mode}, --reasoning-budget {t.budget}"
+            lines.append(f"    thinking: {i.thinking.describe()}; {how}")
     for name, e in (encoders or {}).items():
         prompts = ", ".join(f"{k} {v!r}" for k, v in e.prompts.items()) or "none"
         lines.append(

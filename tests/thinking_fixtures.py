@@ -18,7 +18,7 @@ scripted reply.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import ClassVar
 
@@ -172,18 +172,65 @@ def write_thinking_gguf(src: str | Path, dst: str | Path, template: str, seed: i
     return Path(dst)
 
 
+def build_thinking_bundle(source: Path, folder: Path, template: str = QWEN3_TEMPLATE) -> Path:
+    """A bundle (f32, float32 KV: exact) of `write_thinking_gguf(source)`."""
+    from goinfer.compiler.build import BuildOptions, build
+
+    gguf = write_thinking_gguf(source, folder / "tiny-thinking.gguf", template)
+    out = folder / "tiny-thinking.giw"
+    build(gguf, out, BuildOptions(quant="f32", num_cores=2, kv_dtype="float32"), progress=lambda _m: None)
+    return out
+
+
+class Scripted:
+    """A model's side of a script: `say(text)` sets the sampler to write `text` and end the turn."""
+
+    def __init__(self, model):
+        self.model = model
+        control = model.thinking
+        assert control is not None, "the template's thinking control was not recognised"
+        self.close_id = control.close_id
+        self.eos = model.single_token("<|im_end|>")
+
+    def ids(self, text: str) -> list[int]:
+        return self.model.tokenizer.encode_batch([text], add_special_tokens=False)[0].ids
+
+    def text(self, ids: list[int]) -> str:
+        return self.model.decode(ids)
+
+    def say(self, text: str) -> list[int]:
+        script = [*self.ids(text), self.eos]
+        ScriptedSampler.SCRIPT, ScriptedSampler.CLOSE = script, self.close_id
+        ScriptedSampler.SPELL = staticmethod(lambda t: self.model.decode([t]))
+        return script
+
+
 class ScriptedSampler:
-    """The runtime's Sampler interface, choosing `SCRIPT`'s tokens in order (see the module's
-    docstring). Set `ScriptedSampler.SCRIPT` before a generation starts."""
+    """The runtime's Sampler interface, writing `SCRIPT` (token ids, spelled by `SPELL`) whatever
+    the logits say. Where every token but one is masked out (a forced token, or a grammar's only
+    choice) it takes that one, and where a grammar forbids the script's token it takes the legal
+    token that spells most of what the script still has to say; either way it carries on from the
+    script's text after it. A forced `</think>` skips the script past its own. Set the class's
+    SCRIPT, SPELL and CLOSE before a generation starts; `forced` lists the reply positions where a
+    token was forced, and `prompt` the prompt's ids, in the last run."""
 
     SCRIPT: ClassVar[Sequence[int]] = ()
-    CLOSE: ClassVar[int | None] = None  # the </think> id, whose forcing skips the script past its own
-    forced: ClassVar[list[int]] = []  # the reply positions (0-based) where a token was forced, last run
+    SPELL: ClassVar[Callable[[int], str]] = str
+    CLOSE: ClassVar[int | None] = None
+    forced: ClassVar[list[int]] = []
+    prompt: ClassVar[list[int]] = []
 
     def __init__(self, params, prompt_ids=()):
-        self.at = 0
+        spelled = [self.SPELL(t) for t in self.SCRIPT]
+        self.text = "".join(spelled)
+        self.next = {}  # char offset of a token boundary -> the script's token there
+        at = 0
+        for tok, piece in zip(self.SCRIPT, spelled, strict=True):
+            self.next[at] = tok
+            at += len(piece)
+        self.pos = 0
         self.draws = 0
-        ScriptedSampler.forced = []
+        ScriptedSampler.forced, ScriptedSampler.prompt = [], list(prompt_ids)
 
     def __call__(self, logits: np.ndarray) -> int:
         legal = np.flatnonzero(np.isfinite(logits))
@@ -191,12 +238,17 @@ class ScriptedSampler:
         if legal.size == 1:
             tok = int(legal[0])
             ScriptedSampler.forced.append(self.draws - 1)
-            rest = list(self.SCRIPT[self.at :])
-            if tok == self.CLOSE and tok in rest:
-                self.at += rest.index(tok) + 1
-            elif rest and rest[0] == tok:
-                self.at += 1
+            closes = self.text.find(self.SPELL(tok), self.pos) if tok == self.CLOSE else -1
+            if closes >= 0:
+                self.pos = closes + len(self.SPELL(tok))
+            elif self.text.startswith(self.SPELL(tok), self.pos):
+                self.pos += len(self.SPELL(tok))
             return tok
-        tok = int(self.SCRIPT[self.at])
-        self.at += 1
+        tok = self.next.get(self.pos)
+        if tok is None or not np.isfinite(logits[tok]):
+            rest = self.text[self.pos :]
+            fits = [int(t) for t in legal if (sp := self.SPELL(int(t))) and rest.startswith(sp)]
+            assert fits, f"the script cannot go on here: {rest[:20]!r}"
+            tok = max(fits, key=lambda t: len(self.SPELL(t)))
+        self.pos += len(self.SPELL(tok))
         return tok

@@ -58,7 +58,7 @@ async def deltas(app: web.Application, model: str, version: str, req: llm.LLMReq
     job = llm.job(slot.name, req)
     rules = pipeline.rules_for(slot.engine, job)
     ids = await pipeline.prompt_ids(slot, job, rules)
-    plan = pipeline.make_plan(job, slot, rules, ids, None, cfg.sampling)
+    plan = pipeline.make_plan(job, slot, rules, ids, (), cfg.sampling)
     metrics = app.get(METRICS)  # counted in /metrics as the OpenAI routes' requests are
     watch = metrics.watch(slot.name, arrived) if metrics is not None else None
     run = slot.submit(partial(plan.deltas, slot.engine, watch=watch), cfg.poll_s, cfg.retry_after_s)

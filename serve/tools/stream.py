@@ -14,7 +14,7 @@ import json
 import re
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..events import Delta, StopMatcher, ToolCallDelta
@@ -232,17 +232,15 @@ class ToolDeltas:
     def __call__(self, deltas: Iterable[Delta]) -> Iterator[Delta]:
         """The last delta's finish_reason becomes "tool_calls" when the reply made a call and
         ended on its own (not cut by max_tokens)."""
-        for d in deltas:
+        for d in deltas:  # a thinking model's reasoning passes through as it came
             text, calls = self.mode(d.text)
             if d.finish_reason is None:
-                if text or calls or d.logprobs:
-                    yield Delta(text, d.logprobs, tool_calls=tuple(calls))
+                if text or calls or d.logprobs or d.reasoning:
+                    yield replace(d, text=text, tool_calls=tuple(calls))
                 continue
             rest, last = self.end()
             finish = "tool_calls" if self.called and d.finish_reason == "stop" else d.finish_reason
-            yield Delta(
-                text + rest, d.logprobs, finish, d.usage, tuple(calls + last), d.confidence, d.stop_sequence
-            )
+            yield replace(d, text=text + rest, finish_reason=finish, tool_calls=tuple(calls + last))
 
     def start(self, piece: str) -> Pieces:
         self.lead += piece

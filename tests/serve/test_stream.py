@@ -93,7 +93,8 @@ def test_serve_reaches_the_runtime_only_through_its_public_surface() -> None:
     """The generation's values (runtime.decode: GenerationRequest in, StepEvents out), the prompt's
     refusal (runtime.prompt), defaults (runtime.config), sampling and grammar primitives, the
     scheduler's errors, the memory readings (runtime.fit: the swap guard) and the process's
-    self-test results (runtime.selftest: /health); the bundle's
+    self-test results (runtime.selftest: /health), a thinking model's control, budget and split
+    (runtime.thinking); the bundle's
     Model only in the engine adapter. The reply (stop strings, tool calls, confidence) is built in
     serve/."""
     import ast
@@ -110,6 +111,7 @@ def test_serve_reaches_the_runtime_only_through_its_public_surface() -> None:
         "goinfer.runtime.scheduler",
         "goinfer.runtime.fit",
         "goinfer.runtime.selftest",
+        "goinfer.runtime.thinking",
     }
     used: dict[str, set[str]] = {}
     for path in Path(goinfer.serve.__file__).parent.rglob("*.py"):
