@@ -9,7 +9,7 @@ from goinfer.runtime import prompt, thinking
 from goinfer.runtime.decode import sample_tokens
 from goinfer.runtime.sampler import SamplingParams
 from goinfer.runtime.thinking import ReasoningBudget, ReasoningSplit, ThinkingConfig, ThinkingControl
-from thinking_fixtures import OPEN_BLOCK_TEMPLATE, QWEN3_TEMPLATE
+from thinking_fixtures import OPEN_BLOCK_TEMPLATE, QWEN3_TEMPLATE, TEMPLATES
 from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
 CHATML = (
@@ -44,6 +44,8 @@ def test_the_control_and_its_default_come_from_the_template() -> None:
     assert small is not None and not small.default_on  # Qwen3.5-0.8B's shape does not
     # no control: a template without enable_thinking, or delimiters that are not one token each
     assert _detect(CHATML, tok) is None
+    for other in ("llama3.2.jinja", "phi3.5.jinja", "mistral-nemo.jinja"):  # the other families' own
+        assert _detect((TEMPLATES / other).read_text(), tok) is None, other
     assert _detect(QWEN3_TEMPLATE, _tokenizer(delimiters=False)) is None
     # enable_thinking named, but nothing it changes: no control
     assert _detect(CHATML + "{# enable_thinking <think> #}", tok) is None
