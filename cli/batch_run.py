@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from goinfer.runtime.thinking import ThinkingConfig
 from goinfer.serve.batch_format import (
     Line,
     ResultLog,
@@ -52,10 +53,12 @@ def run_batch_file(
     overrides: dict[str, Any],
     self_test: bool = True,
     progress: Callable[[str], None] = _stderr,
+    thinking: ThinkingConfig = ThinkingConfig(),  # noqa: B008 - frozen
 ) -> int:
     """Run every line of `input_path` not yet answered in `output_path`; the exit status: 0 every
     line answered, 1 some failed (in OUT.errors.jsonl), 130 interrupted. `overrides` (temperature,
-    top_p, top_k, seed, max_tokens, system; None: not given) apply to every line. A file that is
+    top_p, top_k, seed, max_tokens, system; None: not given) apply to every line; `thinking` is a
+    thinking model's mode and budget (`goinfer chat --thinking`), as a server's. A file that is
     not a batch file raises ValueError (batch_format.FormatError) naming its first bad line;
     a model that cannot load, ValueError with the reason."""
     lines = parse_lines(Path(input_path).read_bytes())
@@ -74,7 +77,9 @@ def run_batch_file(
             info = getattr(engine, "info", None)
             if info is not None:
                 progress(f"model: {info.decode_path}; {max_concurrent} lines at once")
-            run = _Run(engine, max_concurrent, out, errors, len(lines), len(done), progress, overrides)
+            run = _Run(
+                engine, max_concurrent, out, errors, len(lines), len(done), progress, overrides, thinking
+            )
             try:
                 failed = asyncio.run(run.all(todo))
             except KeyboardInterrupt:
@@ -112,6 +117,7 @@ class _Run:
         done: int,
         progress: Callable[[str], None],
         overrides: dict[str, Any],
+        thinking: ThinkingConfig = ThinkingConfig(),  # noqa: B008 - frozen
     ):
         from goinfer.serve.batch_exec import Gate
         from goinfer.serve.config import ServeConfig
@@ -119,7 +125,7 @@ class _Run:
 
         self.registry = Registry(max_queue=0, max_concurrent=max_concurrent)
         self.registry.add(MODEL_NAME, engine)
-        self.config = ServeConfig(max_concurrent=max_concurrent, poll_s=0.05)
+        self.config = ServeConfig(max_concurrent=max_concurrent, poll_s=0.05, thinking=thinking)
         self.gate = Gate(limit=max_concurrent, reserve=0)  # no interactive requests to make room for
         self.out, self.errors, self.progress, self.overrides = out, errors, progress, overrides
         self.total, self.done, self.finished, self.failed = total, done, 0, 0

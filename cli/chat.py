@@ -532,7 +532,13 @@ def answer_once(
 
 # -- --batch: delegated ---------------------------------------------------------------------------------
 def run_batch(
-    ctx: click.Context, model: str, batch: str, output: str | None, max_concurrent: int, self_test: bool
+    ctx: click.Context,
+    model: str,
+    batch: str,
+    output: str | None,
+    max_concurrent: int,
+    self_test: bool,
+    thinking: ThinkingConfig = ThinkingConfig(),  # noqa: B008 - frozen
 ):
     """Hand a batch file to goinfer.cli.batch_run; returns its exit status. `overrides` holds only
     the sampling flags given on the command line."""
@@ -553,6 +559,7 @@ def run_batch(
             overrides=overrides,
             self_test=self_test,
             progress=lambda line: click.echo(line, err=True),
+            thinking=thinking,
         )
     except OSError as e:  # the input missing, the output not writable
         raise ValueError(f"--batch: {e.filename or batch}: {e.strerror or e}") from None
@@ -643,7 +650,8 @@ def chat(
         if batch is not None:
             if prompt is not None or as_json or schema is not None:
                 raise ValueError("--batch takes no PROMPT, --json or --schema")
-            sys.exit(run_batch(ctx, model, batch, output, max_concurrent, not no_selftest))
+            thinking = ThinkingConfig(mode=mode, budget=budget)
+            sys.exit(run_batch(ctx, model, batch, output, max_concurrent, not no_selftest, thinking))
         structured = as_json or schema is not None
         grammar = json_grammar(schema) if structured else None  # a bad schema fails before the load
         if structured and prompt is None:

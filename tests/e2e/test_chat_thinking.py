@@ -108,3 +108,22 @@ def test_the_repl_keeps_only_the_answer_and_think_changes_the_mode(model, script
         assert ScriptedSampler.prompt == model.chat_prompt(messages[:-1], enable_thinking=False)
     finally:
         engine.close()
+
+
+def test_a_batch_file_splits_each_reply_and_takes_the_mode(bundle, script, model, tmp_path: Path) -> None:
+    body = {"messages": [{"role": "user", "content": QUESTION}], "max_tokens": 64}
+    src = tmp_path / "in.jsonl"
+    src.write_text(
+        json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": body})
+    )
+    script.say(REPLY)
+    chat(bundle, "--batch", str(src), "-o", str(tmp_path / "out.jsonl"))
+    reply = json.loads((tmp_path / "out.jsonl").read_text())["response"]["body"]
+    message = reply["choices"][0]["message"]
+    assert (message["reasoning_content"], message["content"]) == (THOUGHT, ANSWER)
+
+    script.say(ANSWER)
+    chat(bundle, "--batch", str(src), "-o", str(tmp_path / "off.jsonl"), "--thinking", "off")
+    reply = json.loads((tmp_path / "off.jsonl").read_text())["response"]["body"]
+    off = model.chat_prompt(body["messages"], enable_thinking=False)
+    assert reply["choices"][0]["message"]["content"] == ANSWER and reply["usage"]["prompt_tokens"] == len(off)
