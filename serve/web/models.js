@@ -283,6 +283,7 @@ export class Models {
     $("load-form").hidden = true;
     this.built = null;
     for (const li of $("pull-stages").children) li.className = "";
+    $("pull-progress").scrollIntoView({ block: "nearest" });
   }
 
   log(line) {
@@ -318,6 +319,7 @@ export class Models {
         $("load-form").hidden = false;
         $("load-name").value = event.name || (ref || "").replace(/^hf:/, "").split(/[/:]/).pop() || "model";
         $("load-button").disabled = !this.admin;
+        $("load-form").scrollIntoView({ block: "nearest" });
       }
     } else if (event.type === "error") {
       const failed = [...$("pull-stages").children].find((li) => li.className === "active");
