@@ -172,7 +172,7 @@ class ReasoningSplit:
         self.c = control
         self.inside = inside
         self.reasoning_tokens = 0
-        self.answered = False  # whether the last token pushed was an answer token
+        self.answered = False  # whether the last token pushed was the answer's (its logprob is shown)
         self._lead = inside  # strip the whitespace that opens a block
         self._held = ""  # reasoning whitespace that may end the block (dropped if it does)
         self._after_close = False  # strip the whitespace between the block and the answer
@@ -197,7 +197,8 @@ class ReasoningSplit:
             self.reasoning_tokens += token_id is not None
             self.answered = False
             return self._thought(text), ""
-        self.answered = token_id is not None
+        swallowed = self._after_close and not text.strip()  # the blank lines after the block
+        self.answered = token_id is not None and not swallowed
         return "", self._answer(text)
 
     def _thought(self, text: str) -> str:

@@ -187,6 +187,15 @@ def test_the_split_drops_the_markup_and_the_blank_lines_around_the_block() -> No
     assert thoughts == ["", "", "Let", " me", "", "", "", "", "", ""]
 
 
+def test_only_the_answer_s_tokens_count_as_answered() -> None:
+    s = ReasoningSplit(C, inside=False)
+    answered = []
+    for tok, text in [(OPEN, "<think>"), (WORD, "Hm"), (CLOSE, "</think>"), (WORD, "\n\n"), (ANSWER, "Four")]:
+        s.push(tok, text)
+        answered.append(s.answered)
+    assert answered == [False, False, False, False, True]  # the blank line after the block is not
+
+
 def test_a_reply_that_ends_inside_its_block_has_no_answer() -> None:
     thoughts, answers, n = _split([(WORD, "\nHmm"), (WORD, " so "), (None, "")], inside=True)
     assert "".join(thoughts) == "Hmm so" and "".join(answers) == "" and n == 2

@@ -113,6 +113,19 @@ async def test_chat_splits_the_reasoning_from_the_answer(aiohttp_client, served)
     assert sum("reasoning_content" in c["choices"][0]["delta"] for c in chunks if c["choices"]) > 1
 
 
+async def test_logprobs_are_the_answer_s_tokens(aiohttp_client, served) -> None:
+    s = served()
+    s.say(REPLY)
+    client = await client_for(aiohttp_client, s)
+    for stream in (False, True):
+        reply = await chat(client, stream=stream, logprobs=True, top_logprobs=2)
+        chunks = reply["chunks"] if stream else [{"choices": [{"logprobs": reply["choices"][0]["logprobs"]}]}]
+        entries = [
+            e for c in chunks for ch in c["choices"] for e in (ch.get("logprobs") or {}).get("content", [])
+        ]
+        assert "".join(e["token"] for e in entries) == ANSWER, stream
+
+
 async def test_the_budget_forces_the_close_and_the_answer_follows(aiohttp_client, served) -> None:
     s = served()
     script = s.say(REPLY)
