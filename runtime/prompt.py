@@ -17,7 +17,6 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from markupsafe import Markup
     from tokenizers import Tokenizer
 
 
@@ -26,12 +25,11 @@ class ChatTemplateError(ValueError):
     pass
 
 
-def _tojson(x: Any, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> Markup:
-    # transformers' tojson, not jinja2's: keys in the given order, no HTML escaping (tool schemas).
-    from markupsafe import Markup
-
-    text = json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-    return Markup(text)
+def _tojson(x: Any, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+    # transformers' tojson, not jinja2's: keys in the given order, no HTML escaping (tool schemas),
+    # and a plain str: a Markup would escape the text a template joins to it with `+` (Mistral
+    # Nemo's '"' + key + '": ' + value|tojson came out as &#34;parameters&#34;).
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 def _raise(message: str) -> None:

@@ -64,7 +64,7 @@ ROPE_SCALING: dict[str, dict[str, Any]] = {
                "original_max_position_embeddings": ORIGINAL_CONTEXT},
     "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": ORIGINAL_CONTEXT,
              "beta_fast": 32.0, "beta_slow": 1.0},
-    "phi3": {"rope_type": "longrope", "short_factor": [1.0, 1.25, 1.5, 2.0],
+    "phi3": {"type": "longrope", "short_factor": [1.0, 1.25, 1.5, 2.0],
              "long_factor": [1.0, 2.5, 5.0, 9.0]},
 }  # fmt: skip
 PARTIAL_ROTARY = {"phi3": 0.5}
@@ -195,7 +195,7 @@ def rope_tables(family: str, shape: Shape = TINY) -> dict[str, np.ndarray]:
                 smooth = (old / wavelen - low) / (high - low)
                 out.append(1 / ((1 - smooth) / factor + smooth))
         return {"rope_freqs.weight": np.asarray(out, np.float32)}
-    if scaling.get("rope_type") == "longrope":
+    if scaling.get("type") == "longrope":  # Phi-3 configs spell it "type"
         return {
             "rope_factors_long.weight": np.asarray(scaling["long_factor"], np.float32),
             "rope_factors_short.weight": np.asarray(scaling["short_factor"], np.float32),

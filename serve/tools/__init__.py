@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from goinfer.runtime import grammar as g
 from llguidance import LLTokenizer
 
 from ..errors import bad_request
-from .formats import HERMES, LLAMA3, MISTRAL, CallFormat
+from .formats import HERMES, LLAMA3, MISTRAL, MISTRAL_TEKKEN, CallFormat
 from .stream import bare_call_end
 
 __all__ = ["CallFormat", "Tool", "ToolPlan", "call_format", "call_grammar", "plan_tools", "prepare_messages"]
@@ -37,6 +38,8 @@ _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 def call_format(template: str) -> tuple[CallFormat, bool]:
     """(the family's call format, whether its template renders tools itself)."""
     native = re.search(r"\btools\b", template) is not None
+    if "[TOOL_CALLS][" in template:
+        return MISTRAL_TEKKEN, native
     if "[TOOL_CALLS]" in template:
         return MISTRAL, native
     if "<|python_tag|>" in template or ("<|start_header_id|>" in template and native):
@@ -73,9 +76,12 @@ def call_grammar(fmt: CallFormat, tools: list[Tool], parallel: bool, tok: LLToke
 
 
 def call_schema(fmt: CallFormat, tool: Tool) -> dict[str, Any]:
+    properties = {"name": {"const": tool.name}, fmt.args_key: tool.arguments_schema()}
+    if fmt.id_key:  # optional, as the template replays it: 9 letters and digits
+        properties[fmt.id_key] = {"type": "string", "pattern": "^[A-Za-z0-9]{9}$"}
     return {
         "type": "object",
-        "properties": {"name": {"const": tool.name}, fmt.args_key: tool.arguments_schema()},
+        "properties": properties,
         "required": ["name", fmt.args_key],
         "additionalProperties": False,
     }
@@ -214,9 +220,13 @@ def prepare_messages(
     """Replay earlier calls and results the way the template reads them.
 
     Call arguments arrive as JSON strings (OpenAI) and are handed to templates as objects (as
-    transformers does); a tool result without a name gets the name of the call it answers.
+    transformers does); a tool result without a name gets the name of the call it answers. A call
+    turn's null content reaches a template as "" (Qwen3's looks for `</think>` in it); Mistral's
+    templates take ids of 9 letters and digits, so other ids reach them as their last 9 (vLLM's
+    rule), a call's and its result's alike.
     """
-    native = plan.native if plan else call_format(template)[1]
+    fmt, native = (plan.fmt, plan.native) if plan else call_format(template)
+    ids = _mistral_id if fmt.opener == MISTRAL.opener else str
     by_id: dict[str, str] = {}
     out: list[dict[str, Any]] = []
     for m in messages:
@@ -224,13 +234,17 @@ def prepare_messages(
         if m["role"] == "assistant" and m.get("tool_calls"):
             calls = [_history_call(c, by_id) for c in m["tool_calls"]]
             if native:
-                m["tool_calls"] = [{"type": "function", "id": cid, "function": c} for cid, c in calls]
+                m["tool_calls"] = [{"type": "function", "id": ids(cid), "function": c} for cid, c in calls]
+                if m.get("content") is None:
+                    m["content"] = ""
             else:
                 text = "".join(f"\n<tool_call>\n{json.dumps(c)}\n</tool_call>" for _cid, c in calls)
                 m.pop("tool_calls")
                 m["content"] = (m.get("content") or "") + text
         elif m["role"] == "tool":
             m.setdefault("name", by_id.get(str(m.get("tool_call_id")), ""))
+            if native and m.get("tool_call_id") is not None:
+                m["tool_call_id"] = ids(str(m["tool_call_id"]))
             if not native:
                 body = f"<tool_response>\n{m['content']}\n</tool_response>"
                 if out and out[-1]["role"] == "user" and out[-1].get("_tool_results"):
@@ -248,6 +262,12 @@ def prepare_messages(
         else:
             out.insert(0, {"role": "system", "content": note})
     return out
+
+
+def _mistral_id(cid: str) -> str:
+    """A call id as Mistral's templates take it: 9 letters and digits."""
+    alnum = re.sub(r"[^A-Za-z0-9]", "", cid)
+    return alnum[-9:] if len(alnum) >= 9 else hashlib.sha256(cid.encode()).hexdigest()[:9]
 
 
 def _history_call(c: Any, by_id: dict[str, str]) -> tuple[str, dict[str, Any]]:

@@ -19,6 +19,7 @@ class CallFormat:
     close: str  # after the last call
     args_key: str = "arguments"
     unwrapped: bool = False  # a reply that starts with a call object (no opener) is a call too
+    id_key: str = ""  # a key a call object may carry its id under, after the arguments (Mistral's)
 
 
 # Hermes / ChatML (Qwen2.5, and our fallback for templates without tools):
@@ -56,4 +57,15 @@ MISTRAL = CallFormat(
     call_open=" [",
     joiner=", ",
     close="]",
+)
+# Mistral's tekken checkpoints (Nemo, Ministral-8B) write the array right after the opener, each call
+# with the 9-character id their templates replay:
+#     [TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "a1b2c3d4e"}]
+MISTRAL_TEKKEN = CallFormat(
+    name="mistral",
+    opener="[TOOL_CALLS]",
+    call_open="[",
+    joiner=", ",
+    close="]",
+    id_key="id",
 )

@@ -10,17 +10,21 @@ families can be fetched here, so these are the only checks against a model (READ
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
+from goinfer.compiler.sources.gguf_file import load_gguf
+from goinfer.compiler.sources.hf_dir import load_dir
 from numerics_bars import F32_MIN_COSINE, GGUF_BAR, INT_BARS
 from reference import reference_logits
 from tiny_gguf import NEW_MODELS, ORIGINAL_CONTEXT, WINDOWS, tiny_vocab
 from tiny_hf import write_tiny_hf_dir
+from tokenizers import Tokenizer
 
-PROMPT_TOKENS = 120  # past ORIGINAL_CONTEXT and every window, in several prefill chunks
-assert 2 * max(ORIGINAL_CONTEXT, *WINDOWS.values()) < PROMPT_TOKENS
+# twice past ORIGINAL_CONTEXT and every window, in several prefill chunks
+PROMPT_TOKENS = 2 * max(ORIGINAL_CONTEXT, *WINDOWS.values()) + 8
 DECODE_STEPS = 8
 # int4mix keeps what a float checkpoint stores at >= 5 bits as int8: on these F32 files, int8's bar.
 MIX_BARS = {**INT_BARS, "int4mix": INT_BARS["int8"]}
@@ -53,6 +57,37 @@ def prompts(tiny_gguf) -> dict[str, tuple[list[int], list[int]]]:
             seq.append(int(np.argmax(reference_logits(tiny_gguf(model), seq)[-1])))
         out[model] = (ids, seq[len(ids) :])
     return out
+
+
+@pytest.mark.parametrize("model", NEW_MODELS)
+def test_same_model_from_gguf_and_folder(model, tiny_gguf, tmp_path) -> None:
+    """Spec (RoPE tables, window, partial rotary), tensors, tokens, tokenizer and template alike; the
+    one difference is Mistral's name, which its GGUFs spell "llama"."""
+    gguf, hf = load_gguf(tiny_gguf(model)), load_dir(write_tiny_hf_dir(tmp_path / model, model))
+    assert replace(hf.spec, family=gguf.spec.family) == gguf.spec
+    assert hf.spec.family == ("mistral" if model == "mistral" else gguf.spec.family)
+    assert (hf.tokens, hf.chat_template, sorted(hf.tensors)) == (
+        gguf.tokens,
+        gguf.chat_template,
+        sorted(gguf.tensors),
+    )
+    for name, t in hf.tensors.items():
+        assert np.array_equal(t.load(), gguf.tensors[name].load()), name
+    text = "<|im_start|>user\nThe fox, 12345 <think>héllo</think> [INST] <|eot_id|>"
+    encode = [
+        Tokenizer.from_str(c.tokenizer_json).encode(text, add_special_tokens=False).ids for c in (hf, gguf)
+    ]
+    assert encode[0] == encode[1]
+    spec = gguf.spec
+    want = {
+        "qwen3": ("none", 0, 0, True),
+        "llama3": ("llama3", 0, 0, False),
+        "yarn": ("yarn", 0, 0, False),
+        "phi3": ("longrope", WINDOWS["phi3"], 8, False),
+        "mistral": ("none", WINDOWS["mistral"], 0, False),
+    }[model]
+    assert (spec.rope_scaling.kind, spec.sliding_window, spec.rope_dims, spec.qk_norm) == want
+    assert "rope_freqs.weight" not in gguf.tensors  # the tables are in the spec, not weights
 
 
 @pytest.mark.parametrize("model", NEW_MODELS)

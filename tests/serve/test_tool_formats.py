@@ -11,7 +11,7 @@ from fake_engine import byte_tokenizer_json
 from goinfer.runtime import grammar as g
 from goinfer.serve.events import Delta, Usage
 from goinfer.serve.tools import Tool, call_format, call_grammar
-from goinfer.serve.tools.formats import HERMES, LLAMA3, MISTRAL
+from goinfer.serve.tools.formats import HERMES, LLAMA3, MISTRAL, MISTRAL_TEKKEN
 from goinfer.serve.tools.stream import ToolDeltas
 
 WEATHER = Tool("get_weather", "Weather in a city", {
@@ -43,6 +43,10 @@ MISTRAL_TWO = (
     '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}, '
     '{"name": "get_time", "arguments": {"tz": "UTC"}}]'
 )
+# Mistral Nemo's form (its template's replay): no space, and each call's 9-character id after it.
+MISTRAL_NEMO = '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "a1b2c3d4e"}]'
+# Qwen3's (Hermes) call after the reply's own prose, as its template replays one.
+QWEN3_CALL = 'Checking.\n<tool_call>\n{"name": "get_time", "arguments": {"tz": "UTC"}}\n</tool_call>'
 
 CASES = [
     (HERMES, HERMES_ONE, "", [("get_weather", {"city": "Paris"})]),
@@ -59,6 +63,8 @@ CASES = [
     (LLAMA3, LLAMA3_TAGGED, "", [("get_weather", {"city": "Paris"})]),
     (LLAMA3, LLAMA3_BARE, "", [("get_time", {"tz": "UTC"})]),
     (MISTRAL, MISTRAL_TWO, "", [("get_weather", {"city": "Paris"}), ("get_time", {"tz": "UTC"})]),
+    (MISTRAL_TEKKEN, MISTRAL_NEMO, "", [("get_weather", {"city": "Paris"})]),
+    (HERMES, QWEN3_CALL, "Checking.\n", [("get_time", {"tz": "UTC"})]),
 ]  # fmt: skip
 
 
@@ -106,6 +112,54 @@ def test_the_template_decides_the_format():
     assert call_format("<|start_header_id|>{{ tools }}<|python_tag|>")[0] is LLAMA3
 
 
+# The real checkpoints' templates (tests/fixtures/templates): each family's format, and whether the
+# template renders tools itself (Phi-3.5's does not: the Hermes fallback).
+REAL_TEMPLATES = {
+    "qwen3.jinja": (HERMES, True),
+    "llama3.2.jinja": (LLAMA3, True),
+    "mistral-nemo.jinja": (MISTRAL_TEKKEN, True),
+    "phi3.5.jinja": (HERMES, False),
+}
+# A tool conversation as an OpenAI client sends it back: our call id, the call turn's content null.
+CALL_ID = "call_0123456789abcdef01234567"
+CONVERSATION = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": None, "tool_calls": [{"id": CALL_ID, "type": "function",
+     "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+    {"role": "tool", "tool_call_id": CALL_ID, "content": "18C"},
+]  # fmt: skip
+# What each family's template replays of that conversation (transformers renders the same bytes).
+REPLAYED = {
+    "qwen3.jinja": ['<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+                    "<|im_start|>user\n<tool_response>\n18C\n</tool_response>"],
+    "llama3.2.jinja": ['{"name": "get_weather", "parameters": {"city": "Paris"}}<|eot_id|>',
+                       '<|start_header_id|>ipython<|end_header_id|>\n\n"18C"<|eot_id|>'],
+    "mistral-nemo.jinja": ['[AVAILABLE_TOOLS][{"type": "function", "function": {"name": "get_weather", '
+                           '"description": "Weather in a city", "parameters": {',
+                           '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}, '
+                           '"id": "f01234567"}]</s>[TOOL_RESULTS]{"content": 18C, "call_id": "f01234567"}'],
+    "phi3.5.jinja": ['<|assistant|>\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}',
+                     "<|user|>\n<tool_response>\n18C\n</tool_response><|end|>"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(REAL_TEMPLATES))
+def test_real_templates_pick_their_format_and_replay_a_call(name):
+    from goinfer.runtime.prompt import render_chat
+    from goinfer.serve.tools import plan_tools, prepare_messages
+    from tiny_gguf import TEMPLATES
+
+    template = (TEMPLATES / name).read_text()
+    assert call_format(template) == REAL_TEMPLATES[name]
+    plan = plan_tools([WEATHER.openai()], "auto", None, template)
+    messages = prepare_messages(CONVERSATION, plan, template)
+    text = render_chat(template, messages, bos_token="<s>", eos_token="</s>", **plan.template_vars())
+    for piece in REPLAYED[name]:
+        assert piece in text, text
+    assert "&#34;" not in text  # tojson's output joined with + stays unescaped (Nemo's keys)
+
+
 @pytest.fixture(scope="module")
 def tok() -> g.GrammarTokenizer:
     from tokenizers import Tokenizer
@@ -116,7 +170,7 @@ def tok() -> g.GrammarTokenizer:
 
 @pytest.mark.parametrize(
     ("fmt", "text"),
-    [(HERMES, HERMES_TWO), (LLAMA3, LLAMA3_TAGGED), (MISTRAL, MISTRAL_TWO)],
+    [(HERMES, HERMES_TWO), (LLAMA3, LLAMA3_TAGGED), (MISTRAL, MISTRAL_TWO), (MISTRAL_TEKKEN, MISTRAL_NEMO)],
 )
 def test_the_call_grammar_accepts_what_the_splitter_reads(tok, fmt, text):
     after = text[text.index(fmt.opener) + len(fmt.opener) :]
