@@ -35,8 +35,7 @@ from . import pipeline
 from .errors import APIError, bad_request
 from .events import Chunk, Delta, NamedEvents
 from .middleware import Body, guards, read_request, text_body
-from .pipeline import Job, Sampling, refused, text_of
-from .thinking import anthropic_ask
+from .pipeline import Job, Sampling, ThinkingAsk, refused, text_of
 
 PREFIX = "/v1/messages"
 routes = web.RouteTableDef()
@@ -222,8 +221,27 @@ def job(req: MessagesRequest, beta: str = "", need_max_tokens: bool = True) -> J
         response_format=response_format(fmt),
         schema_param="output_format.schema" if fmt is req.output_format else "output_config.format.schema",
         tool_schema_param="tools.{i}.input_schema",
-        thinking=anthropic_ask(req.thinking),
+        thinking=thinking_ask(req.thinking),
     )
+
+
+def thinking_ask(thinking: dict[str, Any] | None) -> ThinkingAsk:
+    """`thinking`: enabled (with its budget_tokens) turns a thinking model's thinking on, disabled
+    off; adaptive (or none) leaves it to the server (serve/thinking.py)."""
+    kind = (thinking or {}).get("type")
+    if thinking is None or kind == "adaptive":
+        return ThinkingAsk()
+    if kind == "disabled":
+        return ThinkingAsk(enable=False)
+    if kind != "enabled":
+        raise bad_request(
+            f"thinking.type {kind!r} is not one of 'enabled', 'disabled', 'adaptive'", param="thinking.type"
+        )
+    budget = thinking.get("budget_tokens")
+    if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 0):
+        where = "thinking.budget_tokens"
+        raise bad_request(f"{where} must be a whole number of tokens, not {budget!r}", param=where)
+    return ThinkingAsk(enable=True, budget=budget)
 
 
 def response_format(fmt: Any) -> dict[str, Any] | None:

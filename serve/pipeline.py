@@ -68,6 +68,17 @@ class Sampling:
 
 
 @dataclass(frozen=True)
+class ThinkingAsk:
+    """What a request asked of a thinking model (None: nothing; each API reads its own fields,
+    serve/thinking.py says which): thinking on or off, the most tokens a block may hold, and
+    whether the reply is split (reasoning_format none: not)."""
+
+    enable: bool | None = None
+    budget: int | None = None
+    split: bool = True
+
+
+@dataclass(frozen=True)
 class Reply:
     """What an API's event builder needs to know of the run it shapes."""
 
@@ -101,7 +112,7 @@ class Job:
     # Where the API's request spelled the schemas, for errors that name them.
     schema_param: str = "response_format.json_schema.schema"
     tool_schema_param: str = "tools.{i}.function.parameters"
-    thinking: think.ThinkingAsk = think.NO_ASK  # what the request asked of a thinking model
+    thinking: ThinkingAsk = ThinkingAsk()  # what the request asked of a thinking model
 
 
 # -- message content, the same way for every API ------------------------------------------------
@@ -239,10 +250,11 @@ async def prompt_ids(
     was asked when the reply is constrained from its first token (serve/thinking.py)."""
     engine = slot.engine
     if job.messages is not None:
-        control = engine.info.thinking
-        messages = think.replayed(job.messages, control, thinking)
+        control, messages, variables = engine.info.thinking, job.messages, rules.template_vars()
+        if control is not None:  # a thinking model; any other renders as it always did
+            messages = think.replayed(messages, thinking)
+            variables = think.template_vars(control, job.thinking, thinking) | variables
         messages = prepare_messages(messages, rules.tools, engine.info.chat_template)
-        variables = think.template_vars(control, job.thinking, thinking) | rules.template_vars()
         return await _tokenized(slot, job, partial(engine.chat_ids, messages, **variables))
     if isinstance(job.prompt, str):
         return await _tokenized(slot, job, partial(engine.text_ids, job.prompt))
@@ -404,8 +416,8 @@ def make_plan(
         repetition_penalty=1.0 if s.repetition_penalty is None else s.repetition_penalty,
     )
     capture, top = rules.confidence is not None, s.top_logprobs if s.logprobs else None
-    chat = job.messages is not None
-    reasoning = think.plan(slot.engine.info.thinking, job.thinking, thinking, ids) if chat else None
+    control = slot.engine.info.thinking if job.messages is not None else None  # raw prompts: never split
+    reasoning = think.plan(control, job.thinking, thinking, ids) if control is not None else None
     budget = reasoning.budget if reasoning is not None else None
     choices = tuple(
         GenerationRequest(ids, choice_sampling(params, i), top, masks[i] if masks else None, capture, budget)

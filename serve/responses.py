@@ -31,8 +31,7 @@ from .errors import APIError, bad_request, openai_envelope, unsupported
 from .events import Chunk, Delta, NamedEvents
 from .keys import RESPONSES
 from .middleware import Body, read_request, text_body
-from .pipeline import RESPONSES_TEXT, Job, Reply, Sampling, text_of
-from .thinking import responses_ask
+from .pipeline import RESPONSES_TEXT, Job, Reply, Sampling, ThinkingAsk, text_of
 
 routes = web.RouteTableDef()
 
@@ -229,7 +228,9 @@ def job(req: ResponsesRequest, store: ResponseStore) -> Job:
         tools=tools,
         tool_choice=choice,
         parallel_tool_calls=req.parallel_tool_calls,
-        thinking=responses_ask(req.reasoning),
+        thinking=ThinkingAsk(enable=False)
+        if (req.reasoning or {}).get("effort") == "none"
+        else ThinkingAsk(),
     )
 
 

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from aiohttp import web
 from goinfer.runtime import selftest
+from goinfer.runtime.thinking import FORMATS as REASONING_FORMATS
 from pydantic import BaseModel, ConfigDict, Field
 
 from . import embeddings, pipeline
@@ -21,9 +22,8 @@ from .events import ChatChunks, CompletionChunks
 from .guards import HALT
 from .keys import REGISTRY, STARTED
 from .middleware import Body, read_request, text_body
-from .pipeline import Job, Sampling, text_of
+from .pipeline import Job, Sampling, ThinkingAsk, text_of
 from .registry import ModelSlot
-from .thinking import ThinkingAsk, openai_ask
 
 MAX_STOPS = 4
 MAX_CHOICES = 16  # n: each choice holds a copy of the prompt's KV and a worker thread while it runs
@@ -102,10 +102,22 @@ class ChatRequest(SamplingRequest):
 
     @property
     def thinking(self) -> ThinkingAsk:
+        """What the request asks of a thinking model (serve/thinking.py); a bad value is a 400."""
+        enable = False if self.reasoning_effort == "none" else None
+        flag = (self.chat_template_kwargs or {}).get("enable_thinking")
+        if flag is not None:
+            if not isinstance(flag, bool):
+                where = "chat_template_kwargs.enable_thinking"
+                raise bad_request(f"{where} must be true or false, not {flag!r}", param=where)
+            enable = flag
+        fmt = self.reasoning_format
+        if fmt is not None and fmt not in REASONING_FORMATS:
+            formats = ", ".join(map(repr, REASONING_FORMATS))
+            raise bad_request(f"reasoning_format {fmt!r} is not one of {formats}", param="reasoning_format")
         budget = self.thinking_token_budget
         if budget is None and self.thinking_budget_tokens is not None and self.thinking_budget_tokens >= 0:
             budget = self.thinking_budget_tokens
-        return openai_ask(self.chat_template_kwargs, self.reasoning_effort, self.reasoning_format, budget)
+        return ThinkingAsk(enable, budget, fmt != "none")
 
 
 TokenIds = list[Annotated[int, Field(ge=0)]]

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from goinfer.cli.main import main
+from goinfer.runtime.thinking import ThinkingConfig
 
 pexpect = pytest.importorskip("pexpect")
 
@@ -258,6 +259,7 @@ def test_batch_is_delegated_with_only_the_flags_given(batch_runner, tmp_path: Pa
         "overrides": {"temperature": 0.0, "seed": 3},
         "self_test": True,
         "progress": kwargs["progress"],
+        "thinking": ThinkingConfig(),  # --thinking template, --reasoning-budget auto: the defaults
     }
     r = _run(
         "chat", "m", "--batch", "i", "-o", "o", "--max-concurrent", "2", "--system", "S", "--max-tokens", "9",
@@ -265,6 +267,8 @@ def test_batch_is_delegated_with_only_the_flags_given(batch_runner, tmp_path: Pa
     )  # fmt: skip
     kwargs = batch_runner[1][1]
     assert kwargs["max_concurrent"] == 2 and kwargs["self_test"] is False
+    r = _run("chat", "m", "--batch", "i", "-o", "o", "--thinking", "off", "--reasoning-budget", "64")
+    assert batch_runner[2][1]["thinking"] == ThinkingConfig(mode="off", budget="64")
     assert kwargs["overrides"] == {"system": "S", "max_tokens": 9, "top_p": 0.5, "top_k": 3}
 
 
