@@ -36,6 +36,7 @@ from .errors import APIError, bad_request
 from .events import Chunk, Delta, NamedEvents
 from .middleware import Body, guards, read_request, text_body
 from .pipeline import Job, Sampling, ThinkingAsk, refused, text_of
+from .thinking import AFTER_RESULTS
 
 PREFIX = "/v1/messages"
 routes = web.RouteTableDef()
@@ -161,6 +162,8 @@ def _turn(role: str, blocks: list[Any], i: int) -> list[dict[str, Any]]:
     out = list(results)
     if texts or calls or not results:
         msg: dict[str, Any] = {"role": role, "content": "\n".join(texts)}
+        if results:  # text beside tool results: a thinking model reads it with them (serve/thinking.py)
+            msg[AFTER_RESULTS] = True
         if thoughts:
             msg["reasoning_content"] = "\n".join(thoughts)
         if calls:

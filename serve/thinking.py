@@ -41,12 +41,25 @@ def template_vars(control: ThinkingControl, ask: ThinkingAsk, config: ThinkingCo
     return chat_vars(control, ask.enable if ask.enable is not None else config.enable())
 
 
+# Marks a user turn's text that came in one Anthropic message with tool results (messages.py)
+AFTER_RESULTS = "goinfer_after_tool_results"
+
+
 def replayed(messages: list[dict[str, Any]], config: ThinkingConfig) -> list[dict[str, Any]]:
-    """The messages as the template should see them: under asis (the prompt as it was before
-    thinking was modelled) replayed reasoning is dropped; otherwise the template renders it."""
-    if config.mode != "asis":
-        return messages
-    return [{k: v for k, v in m.items() if k != "reasoning_content"} for m in messages]
+    """The messages as the template should see them. Under asis (the prompt as it was before
+    thinking was modelled) replayed reasoning is dropped. Otherwise the template renders it, and
+    text that came with tool results (Claude Code's reminders) is read as part of the last result:
+    as a user turn of its own it would be a new query, and the templates drop the reasoning of the
+    turns before the last query, so the tool loop's reasoning would be lost at its first result."""
+    if config.mode == "asis":
+        return [{k: v for k, v in m.items() if k != "reasoning_content"} for m in messages]
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        if m.get(AFTER_RESULTS) and out and out[-1]["role"] == "tool":
+            out[-1] = {**out[-1], "content": f"{out[-1]['content']}\n\n{m['content']}"}
+        else:
+            out.append(m)
+    return out
 
 
 @dataclass(frozen=True)

@@ -424,6 +424,13 @@ async def test_replayed_reasoning_renders_as_the_template_does(aiohttp_client, s
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1", "content": "sunny"}]},
     ]  # fmt: skip
     assert prompt_of(await messages(client, messages=anthropic)) == kept
+    # Claude Code's shape: reminder text beside the tool result is no new query; it is read with the result
+    reminder = "<system-reminder>Keep going.</system-reminder>"
+    anthropic[2] = {**anthropic[2], "content": [*anthropic[2]["content"], {"type": "text", "text": reminder}]}
+    with_reminder = [*LOOP[:2], {**LOOP[2], "content": f"sunny\n\n{reminder}"}]
+    await messages(client, messages=anthropic)
+    assert ScriptedSampler.prompt == s.model.chat_prompt(with_reminder)
+    assert "<think>\nI should look it up.\n</think>" in s.text(ScriptedSampler.prompt)  # kept
 
     items = [
         {"role": "user", "content": "Weather in Paris?"},
