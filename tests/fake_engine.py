@@ -61,6 +61,11 @@ class _Base:
     def text_ids(self, text: str) -> list[int]:
         return [ord(c) % self.info.vocab_size for c in text]  # one token per character
 
+    def generate_choices(
+        self, requests: list[GenerationRequest], cancel: threading.Event | None = None
+    ) -> list[Iterator[StepEvent]]:
+        return [self.generate(r, cancel) for r in requests]  # type: ignore[attr-defined]
+
     def stats(self) -> dict[str, int]:
         return {}
 

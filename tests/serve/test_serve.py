@@ -90,7 +90,7 @@ BAD = [
     ("top_p over 1", "chat", chat(top_p=1.5), 400, "top_p", None),
     ("penalty out of range", "chat", chat(presence_penalty=2.5), 400, "presence_penalty", None),
     ("five stop strings", "chat", chat(stop=["a", "b", "c", "d", "e"]), 400, "stop", None),
-    ("n=2", "chat", chat(n=2), 400, "n", None),
+    ("n over its limit", "chat", chat(n=17), 400, "n", None),
     ("top_logprobs without logprobs", "chat", chat(top_logprobs=2), 400, "top_logprobs", None),
     ("image part", "chat", {"model": "fake", "messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "data:,"}}]}]}, 400, "messages.0.content.0.type", None),
