@@ -329,7 +329,7 @@ ROLE_TOKENS: dict[str, tuple[str | None, str, str | None, bool]] = {
 }
 # tokenizer.ggml.pre of the byte-level models (each splits as its tokenizer.json in tiny_hf does).
 PRE = {"llama": "smollm", "yarn": "smollm", "qwen2": "qwen2", "qwen3": "qwen2", "llama3": "llama-bpe",
-       "phi3": "qwen2", "mistral": "smollm"}  # fmt: skip
+       "phi3": "gpt-4o", "mistral": "tekken"}  # fmt: skip
 
 
 def _write_vocab(w: GGUFWriter, family: str, extra_tokens: tuple[str, ...] = ()) -> None:

@@ -51,6 +51,17 @@ _QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# Mistral Nemo's (tekken) and Phi-4-mini's (o200k) splits, as their tokenizer.json files write them.
+_TEKKEN_SPLIT = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?"
+    r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+"
+    r"|\s+(?!\S)|\s+"
+)
+_O200K_SPLIT = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 _LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -294,13 +305,11 @@ def _tokenizer(family: str, extra_tokens: tuple[str, ...] = ()) -> Tokenizer:
         )
     else:
         merges = [tuple(m.split(" ")) for m in extra]
-        # Llama 3's tokenizer.json skips the merges for a word that is a token (llama.cpp's ignore_merges)
-        tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=family == "llama3"))
-        if family in (
-            "llama",
-            "yarn",
-            "mistral",
-        ):  # SmolLM2: every digit alone, then GPT-2's byte-level split
+        # Llama 3's and tekken's tokenizer.json skip the merges for a word that is a token (llama.cpp's
+        # ignore_merges)
+        ignore = family in ("llama3", "mistral")
+        tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=ignore))
+        if family in ("llama", "yarn"):  # SmolLM2: every digit alone, then GPT-2's byte-level split
             tok.pre_tokenizer = pre_tokenizers.Sequence(
                 [
                     pre_tokenizers.Digits(individual_digits=True),
@@ -308,7 +317,8 @@ def _tokenizer(family: str, extra_tokens: tuple[str, ...] = ()) -> Tokenizer:
                 ]
             )
         else:
-            split = _LLAMA3_SPLIT if family == "llama3" else _QWEN2_SPLIT
+            splits = {"llama3": _LLAMA3_SPLIT, "mistral": _TEKKEN_SPLIT, "phi3": _O200K_SPLIT}
+            split = splits.get(family, _QWEN2_SPLIT)
             tok.pre_tokenizer = pre_tokenizers.Sequence(
                 [
                     pre_tokenizers.Split(Regex(split), behavior="isolated"),

@@ -30,6 +30,19 @@ _QWEN2 = (
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 _DEFAULT = (r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]")
+# The checkpoints' own tokenizer.json regexes, which llama.cpp rewrites without \p{Lu}-style classes
+# for its engine: Mistral Nemo's tekken, and o200k's (Phi-4-mini's "gpt-4o").
+_UPPER, _LOWER = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]", r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"
+_TEKKEN = (
+    rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPER}*{_LOWER}+|[^\r\n\p{{L}}\p{{N}}]?{_UPPER}+{_LOWER}*|\p{{N}}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_CONTRACTIONS = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+_GPT4O = (
+    rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPER}*{_LOWER}+{_CONTRACTIONS}"
+    rf"|[^\r\n\p{{L}}\p{{N}}]?{_UPPER}+{_LOWER}*{_CONTRACTIONS}"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 # tokenizer.ggml.pre -> (regexes, ignore_merges: a whole word that is a token skips the merges).
 _PRE: dict[str, tuple[tuple[str, ...], bool]] = {
@@ -38,6 +51,8 @@ _PRE: dict[str, tuple[tuple[str, ...], bool]] = {
     **{p: ((r"\p{N}", _GPT2), False) for p in ("smollm", "starcoder", "refact", "codeshell", "command-r")},
     **{p: ((_QWEN2,), False) for p in ("qwen2", "deepseek-r1-qwen", "megrez")},
     **{p: ((_LLAMA3,), True) for p in ("llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral")},
+    "tekken": ((_TEKKEN,), True),
+    **{p: ((_GPT4O,), False) for p in ("gpt-4o", "llama4")},
 }
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from goinfer.cli.main import main
-from tiny_gguf import rewrite_gguf
+from tiny_gguf import ARCH, NEW_MODELS, rewrite_gguf
 
 
 def _run(*args: str):
@@ -34,9 +34,12 @@ def bad_inputs(tiny_gguf, tmp_path: Path) -> dict[str, Path]:
     return {
         "not_gguf": tmp_path / "zip.gguf",
         "truncated": tmp_path / "cut.gguf",
-        "arch": rewrite_gguf(good, tmp_path / "phi.gguf", arch="phi3"),
+        "arch": rewrite_gguf(good, tmp_path / "phi.gguf", arch="phi2"),
         "type": rewrite_gguf(good, tmp_path / "f64.gguf", retype={"blk.1.ffn_up.weight": np.float64}),
-    }
+        "rope": rewrite_gguf(good, tmp_path / "ntk.gguf", set_keys={"llama.rope.scaling.type": "dynamic",
+                                                                    "llama.rope.scaling.factor": 2.0}),
+        "partial": rewrite_gguf(good, tmp_path / "rot.gguf", set_keys={"llama.rope.dimension_count": 8}),
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -44,8 +47,10 @@ def bad_inputs(tiny_gguf, tmp_path: Path) -> dict[str, Path]:
     [
         ("not_gguf", ["not a GGUF file"]),
         ("truncated", ["truncated"]),
-        ("arch", ["phi3", "llama, qwen2, gemma3"]),
+        ("arch", ["phi2", "llama, qwen2, qwen3, gemma3, phi3, mistral"]),
         ("type", ["unsupported type F64"]),
+        ("rope", ["rope scaling 'dynamic' is not supported (supported: linear, yarn, llama3, longrope)"]),
+        ("partial", ["partial rotary is not supported"]),
     ],
 )
 def test_build_refuses_bad_checkpoints(case, needles, bad_inputs, tmp_path: Path) -> None:
@@ -72,6 +77,20 @@ def test_build_kv_dtype(tiny_gguf, tmp_path: Path) -> None:
     assert _run("build", src, "--quant", "f32", "--kv-dtype", "f32", "-o", out).exit_code == 0
     manifest = json.loads(_run("inspect", out, "--json").stdout)
     assert manifest["kv_cache"]["dtype"] == "float32"
+
+
+@pytest.mark.parametrize("model", NEW_MODELS)
+def test_build_and_chat_on_each_newer_family(model, tiny_gguf, tmp_path: Path) -> None:
+    """`goinfer build` on a GGUF of qwen3, llama 3.x (rope_freqs), llama with YaRN, phi3 and
+    mistral, then a chat turn through the checkpoint's own template (their real families')."""
+    out = tmp_path / f"{model}.giw"
+    built = _run("build", tiny_gguf(model), "--quant", "f32", "--kv-dtype", "f32", "-o", out)
+    assert built.exit_code == 0, built.stderr
+    manifest = json.loads(_run("inspect", out, "--json").stdout)
+    assert manifest["model"]["family"] == ARCH.get(model, model)
+    assert manifest["chat_template_origin"] == "checkpoint"
+    chat = _run("generate", out, "Name a prime.", "--chat", "--temperature", "0", "--max-tokens", "4")
+    assert chat.exit_code == 0 and chat.stderr == "", chat.stderr
 
 
 def test_generate_prints_only_the_text(tiny_bundle) -> None:
