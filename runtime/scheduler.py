@@ -146,6 +146,8 @@ class Scheduler:
         self._releases: list[Session] = []
         self._barriers: list[_Job] = []
         self._decoding: set[Session] = set()  # sessions past their prompt: each will submit a token or close
+        # choices of n whose prompt copy found no room: each waits for a release (scheduler thread only)
+        self._deferred: deque[Session] = deque()
         self._stopped = False
         self._blocked = False  # the head prompt waits for pages: only a release can free them
         self._stats = self._count()
@@ -194,8 +196,9 @@ class Scheduler:
         """Several continuations of one prompt (OpenAI's `n`), one request each (its own seed,
         its own grammar), to be iterated on threads of their own. The prompt is prefilled once, by
         the first; each other choice starts from a copy of that KV (KVPool.fork): the same bits, so
-        each choice is the reply its request gets alone. Where the cache cannot copy (a GPU's) or
-        has no room for a copy, a choice prefills the prompt itself. `cancel` stops them all."""
+        each choice is the reply its request gets alone. A choice with no room for its copy waits
+        for a generation to end and then takes over its warm sequence (a sibling's holds the whole
+        prompt); on a GPU, whose cache never copies, each prefills the prompt. `cancel` stops them all."""
         ids = self._checked(requests[0].prompt_ids)
         cancel = cancel or threading.Event()
         first = Session(self, ids, cancel)
@@ -427,6 +430,9 @@ class Scheduler:
         """(lock held) Prompts whose client left while they waited end now, not when their turn comes."""
         for s in [s for s in self._prefills if s.cancel.is_set()]:
             self._end_prefill(s, error=Cancelled())
+        for s in [s for s in self._deferred if s.cancel.is_set()]:
+            self._deferred.remove(s)
+            s.job.finish(error=Cancelled())
 
     def _ready_prefill(self) -> bool:
         return bool(self._prefills) and not self._blocked
@@ -444,6 +450,10 @@ class Scheduler:
 
     def _release(self, s: Session) -> None:
         self._decoding.discard(s)
+        if self._deferred:  # a choice short of room for its prompt's copy: this sequence's pages, or
+            # its whole prompt when `s` was a sibling (its warm sequence holds it: reused, not recomputed)
+            with self._cond:
+                self._prefills.append(self._deferred.popleft())
         with self._cond:
             if s in self._prefills:
                 self._prefills.remove(s)
@@ -603,17 +613,20 @@ class Scheduler:
 
     def _start_followers(self, s: Session, logits: np.ndarray | None, error: BaseException | None) -> None:
         """The other choices of `s`'s request: each decodes from a copy of `s`'s prompt KV and
-        logits, or shares its error; one that cannot be copied queues to prefill the prompt itself."""
+        logits, or shares its error; one that cannot be copied prefills the prompt itself."""
         followers, s.followers = s.followers, []
         for f in followers:
             if error is not None or f.cancel.is_set():
                 f.job.finish(error=error or Cancelled())
                 continue
             seq = self.pool.fork(s.seq) if logits is not None else None
-            if seq is None:  # its own prefill, in line; its job is the one it waits on
+            if seq is None:  # its own prefill; its job is the one it waits on
                 f.pending = f.prompt
-                with self._cond:
-                    self._prefills.append(f)
+                if self.pool.on_host:  # short of room: after a release, from a sibling's warm sequence
+                    self._deferred.append(f)
+                else:  # a GPU cache never copies: the choices prefill side by side
+                    with self._cond:
+                        self._prefills.append(f)
                 continue
             f.seq, f.fed, f.cached = seq, len(f.prompt), len(f.prompt)
             self._decoding.add(f)
@@ -623,6 +636,8 @@ class Scheduler:
         with self._cond:
             jobs = [s.job for s in self._prefills] + [s.job for s, _ in self._decodes]
             jobs += [f.job for s in self._prefills for f in s.followers]  # waiting on a prompt that fails
+            jobs += [s.job for s in self._deferred]
+            self._deferred.clear()
             self._prefills.clear()
             self._decodes.clear()
         for job in jobs:

@@ -1,8 +1,8 @@
 """OpenAI's n on tiny models (Scheduler.generate_choices): the prompt is prefilled once, each other
 choice starts from a copy of its KV, and every choice is token for token the reply its own request
 gets alone on a cold scheduler: greedy, seeded (choice i with seed + i), and through a sliding-window
-model (gemma3). Where the cache has no room for a copy, a choice prefills the prompt itself, with
-the same result."""
+model (gemma3). Where the cache has no room for a copy, a choice waits for a sibling to end and
+takes over its warm sequence, with the same result."""
 
 from __future__ import annotations
 
@@ -95,19 +95,32 @@ def test_each_choice_is_the_reply_its_request_gets_alone(model: Model, params: S
     assert sum(fed) == len(prompt) + decoded, (sum(fed), len(prompt), decoded)
 
 
-def test_a_choice_without_room_for_a_copy_prefills_itself(model: Model) -> None:
+def test_a_choice_without_room_for_a_copy_waits_and_takes_over_a_siblings_sequence(model: Model) -> None:
+    """No room for the copy: the choice waits for the first to end, then takes over its warm
+    sequence (every prompt token but the last reused), and its reply is still its own alone."""
     prompt = _prompt(model.spec.vocab_size, 40, seed=3)
     params = SamplingParams(temperature=0.0, max_tokens=8)
     requests = [GenerationRequest(prompt, params)] * 2
-    sched = Scheduler(model, SchedulerConfig(kv_sessions=0, prefill_chunk=16, max_concurrent=2))
+    sched = Scheduler(model, SchedulerConfig(kv_sessions=2, prefill_chunk=16, max_concurrent=2))
     forks: list[object] = []
     sched.pool.fork = lambda seq: forks.append(seq)  # type: ignore[method-assign]  (no room: None)
+    fed: list[int] = []
+    run = model.run
+
+    def counting(kv, seq_ids, feeds, **kw):
+        fed.append(sum(len(f) for f in feeds))
+        return run(kv, seq_ids, feeds, **kw)
+
+    model.run = counting  # type: ignore[method-assign]
     try:
         got = _choices(sched, requests)
     finally:
+        del model.run
         sched.stop()
     assert forks, "the second choice never asked for a copy"
     assert got == [_alone(model, requests[0])] * 2
+    decoded = sum(len(t) - (len(t) == params.max_tokens) for t in got)
+    assert sum(fed) == len(prompt) + 1 + decoded  # the second fed only the prompt's last token again
 
 
 def test_cancelling_before_the_prompt_ends_every_choice(model: Model) -> None:
