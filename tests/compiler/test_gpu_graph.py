@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from numerics_bars import F32_MIN_COSINE, INT_BARS
 from reference import reference_logits
+from tiny_gguf import NEW_MODELS, ORIGINAL_CONTEXT
 
 FAMILIES = ("llama", "qwen2", "gemma3")
 # Against the numpy reference of the same file. f32: as the CPU graph's bar. gguf Q8_0 keeps the
@@ -78,6 +79,17 @@ def test_gpu_graph_f32_matches_numpy_reference(family, tiny_gguf) -> None:
     ref = reference_logits(gguf, ids := _ids(_vocab(gguf)))
     cos = _cos(_gpu_graph_on_cpu_logits(gguf, "f32", ids), ref)
     print(f"\n{family} GPU graph f32 vs reference: min cosine {cos.min():.6f}")
+    assert cos.min() >= F32_BAR
+
+
+@pytest.mark.parametrize("model", NEW_MODELS)
+def test_gpu_graph_f32_matches_numpy_reference_on_the_newer_families(model, tiny_gguf) -> None:
+    """qwen3's q/k norms, the scaled RoPEs' tables, phi3's fused weights and partial rotary, the
+    windows over every layer: past the original context (64) and the windows (8, 48)."""
+    gguf = tiny_gguf(model)
+    ids = [int(i) for i in np.random.default_rng(7).integers(3, _vocab(gguf), 2 * ORIGINAL_CONTEXT + 8)]
+    cos = _cos(_gpu_graph_on_cpu_logits(gguf, "f32", ids), reference_logits(gguf, ids))
+    print(f"\n{model} GPU graph f32 vs reference: min cosine {cos.min():.6f}")
     assert cos.min() >= F32_BAR
 
 

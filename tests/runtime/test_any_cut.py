@@ -3,7 +3,8 @@ same bits whichever forward computed it. A prompt prefilled from any cut point o
 prefix was prefilled in other chunks, gives a one-shot prefill's logits at every position; a
 decoded token's logits are a prefill's; a batch of prompts cut at different points gives each
 its lone logits. Every family, in both KV cache dtypes (gemma3's tiny window is 4 tokens, so
-most of its layers attend across page and window edges at every cut)."""
+most of its layers attend across page and window edges at every cut); mistral and phi3 with a
+window over every layer (8 and 48 tokens; phi3's longrope switching its factors at position 64)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import pytest
 from goinfer.runtime import tvm_runtime as rt
 from goinfer.runtime.model import Model
 
-CASES = [(f, d) for f in ("llama", "qwen2", "gemma3") for d in ("float32", "float16")]
+CASES = [(f, d) for f in ("llama", "qwen2", "gemma3", "mistral") for d in ("float32", "float16")]
+CASES += [("phi3", "float32"), ("qwen3", "float32")]
 
 
 @pytest.fixture(scope="module", params=CASES, ids=[f"{f}-{d}" for f, d in CASES])
