@@ -117,7 +117,7 @@ def _read_hparams(m: _Model) -> HParams:
     factor = float(key("rope.scaling.factor", key("rope.scale_linear", 0.0)))
     freq_scale = 1.0 if scaling in ("none", "yarn") or factor == 0.0 else 1.0 / factor
     rope_base = float(key("rope.freq_base", 10000.0))
-    n_ctx = int(key("context_length"))
+    n_ctx = int(key("context_length", 0))  # 0: not stated (hand-written test files)
     scaled, switch, mscale = None, 0, 1.0
     if scaling == "yarn":  # transformers' rope_scaling, as convert_hf_to_gguf writes its keys
         inv, mscale = yarn_inv_freq(
@@ -147,7 +147,7 @@ def _read_hparams(m: _Model) -> HParams:
     if arch in ("llama", "phi3"):
         # one window over every layer where the file sets one (Mistral, Phi-3); as transformers masks
         swa_window = int(key("attention.sliding_window", 0))
-        if 0 < swa_window < n_ctx:
+        if swa_window > 0 and not 0 < n_ctx <= swa_window:
             swa_layers = (True,) * n_layer
         else:
             swa_window = 0
