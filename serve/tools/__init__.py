@@ -27,7 +27,7 @@ from goinfer.runtime import grammar as g
 from llguidance import LLTokenizer
 
 from ..errors import bad_request
-from .formats import HERMES, LLAMA3, MISTRAL, MISTRAL_TEKKEN, CallFormat
+from .formats import HERMES, LLAMA3, MISTRAL, MISTRAL_ARGS, MISTRAL_TEKKEN, CallFormat
 from .stream import bare_call_end
 
 __all__ = ["CallFormat", "Tool", "ToolPlan", "call_format", "call_grammar", "plan_tools", "prepare_messages"]
@@ -38,6 +38,8 @@ _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 def call_format(template: str) -> tuple[CallFormat, bool]:
     """(the family's call format, whether its template renders tools itself)."""
     native = re.search(r"\btools\b", template) is not None
+    if "[TOOL_CALLS]" in template and "[ARGS]" in template:
+        return MISTRAL_ARGS, native
     if "[TOOL_CALLS][" in template:
         return MISTRAL_TEKKEN, native
     if "[TOOL_CALLS]" in template:
@@ -69,10 +71,19 @@ def call_grammar(fmt: CallFormat, tools: list[Tool], parallel: bool, tok: LLToke
     """Lark for everything after the opener: one call (or several) to the supplied tools. With the
     model's tokenizer, tags that are special tokens are matched as those tokens."""
     alts = " | ".join(f"call{i}" for i in range(len(tools)))
-    rules = [f"call{i}: {g.json_in_lark(call_schema(fmt, t))}" for i, t in enumerate(tools)]
+    rules = [f"call{i}: {_call_rule(fmt, t, tok)}" for i, t in enumerate(tools)]
     more = f"({g.lark_literal(fmt.joiner, tok)} call)*" if parallel else ""
     start = f"start: {g.lark_literal(fmt.call_open, tok)} call {more} {g.lark_literal(fmt.close, tok)}"
     return "\n".join([start, f"call: {alts}", *rules])
+
+
+def _call_rule(fmt: CallFormat, tool: Tool, tok: LLTokenizer | None) -> str:
+    """One call to `tool`: a JSON object, or (named formats) its name, tags and arguments."""
+    if not fmt.args_tag:
+        return g.json_in_lark(call_schema(fmt, tool))
+    call_id = f"({g.lark_literal(fmt.id_tag, tok)} /[A-Za-z0-9]{{9}}/)?" if fmt.id_tag else ""
+    args = g.json_in_lark(tool.arguments_schema())
+    return f"{g.lark_literal(tool.name)} {call_id} {g.lark_literal(fmt.args_tag, tok)} {args}"
 
 
 def call_schema(fmt: CallFormat, tool: Tool) -> dict[str, Any]:

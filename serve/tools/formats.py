@@ -20,6 +20,10 @@ class CallFormat:
     args_key: str = "arguments"
     unwrapped: bool = False  # a reply that starts with a call object (no opener) is a call too
     id_key: str = ""  # a key a call object may carry its id under, after the arguments (Mistral's)
+    # Named form (Mistral's v11+ tokenizers): a call is not a JSON object but the tool's name, an
+    # optional `id_tag` and id, then `args_tag` and the arguments' JSON; calls are joined by `joiner`.
+    args_tag: str = ""
+    id_tag: str = ""
 
 
 # Hermes / ChatML (Qwen2.5, and our fallback for templates without tools):
@@ -68,4 +72,17 @@ MISTRAL_TEKKEN = CallFormat(
     joiner=", ",
     close="]",
     id_key="id",
+)
+
+# Mistral's v11+ tokenizers (Devstral, Mistral Small 3.2, Magistral): the opener, the tool's name, an
+# optional [CALL_ID] and id, [ARGS] and the arguments; each further call opens again:
+#     [TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_time[ARGS]{"tz": "UTC"}
+MISTRAL_ARGS = CallFormat(
+    name="mistral",
+    opener="[TOOL_CALLS]",
+    call_open="",
+    joiner="[TOOL_CALLS]",
+    close="",
+    args_tag="[ARGS]",
+    id_tag="[CALL_ID]",
 )

@@ -159,11 +159,17 @@ def call_id() -> str:
 
 
 class _CallScan:
-    """One call object, fed piece by piece: reports its name once, then its arguments' text."""
+    """One call object, fed piece by piece: reports its name once, then its arguments' text. A
+    named format's call (`fmt.args_tag`) is the name, maybe an id, the tag, then the arguments."""
 
-    def __init__(self, args_key: str):
-        key = re.escape(args_key)
-        self.head = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"' + key + r'"\s*:\s*')
+    def __init__(self, fmt: CallFormat):
+        if fmt.args_tag:
+            call_id = rf"(?:{re.escape(fmt.id_tag)}\s*[A-Za-z0-9]*\s*)?" if fmt.id_tag else ""
+            self.head = re.compile(rf"\s*([A-Za-z0-9_.\-]+)\s*{call_id}{re.escape(fmt.args_tag)}\s*")
+        else:
+            key = re.escape(fmt.args_key)
+            self.head = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"' + key + r'"\s*:\s*')
+        self.named = bool(fmt.args_tag)
         self.buf, self.pos = "", 0
         self.name: str | None = None
         self.depth, self.in_str, self.esc, self.done = 0, False, False, False
@@ -176,7 +182,7 @@ class _CallScan:
             m = self.head.match(self.buf)
             if m is None:
                 return None, ""
-            self.name = named = json.loads(f'"{m.group(1)}"')
+            self.name = named = m.group(1) if self.named else json.loads(f'"{m.group(1)}"')
             self.pos = m.end()
         while self.depth == 0 and self.pos < len(self.buf) and self.buf[self.pos].isspace():
             self.pos += 1  # the space after the key's colon is not part of the arguments
@@ -227,6 +233,7 @@ class ToolDeltas:
         self.region = ""  # calls: text since the opener or the last complete call
         self.scan: _CallScan | None = None  # calls: the call object being read
         self.index = -1  # the last call's index
+        self.scanned = 0  # named formats: calls read whole, to a supplied tool or not
         self.called = False
 
     def __call__(self, deltas: Iterable[Delta]) -> Iterator[Delta]:
@@ -289,6 +296,8 @@ class ToolDeltas:
 
     def calls(self, text: str) -> Pieces:
         """Skip the structure between calls; scan each call object as it comes."""
+        if self.fmt.args_tag:
+            return self.named_calls(text)
         out: list[ToolCallDelta] = []
         self.region += text
         while text:
@@ -296,7 +305,7 @@ class ToolDeltas:
                 at = text.find("{")
                 if at < 0:
                     break
-                self.scan, text = _CallScan(self.fmt.args_key), text[at:]
+                self.scan, text = _CallScan(self.fmt), text[at:]
             named, args = self.scan.feed(text)
             if named is not None and named in self.names:
                 out.append(self._call(named))
@@ -305,6 +314,30 @@ class ToolDeltas:
             if not self.scan.done:
                 break
             text, self.scan, self.region = self.scan.rest, None, self.scan.rest
+        return "", out
+
+    def named_calls(self, text: str) -> Pieces:
+        """A named format's calls: the first right after the opener, each further one after the
+        joiner (which may come split across pieces: `region` holds what awaits it)."""
+        out: list[ToolCallDelta] = []
+        self.region += text
+        while self.region:
+            if self.scan is None:
+                if self.scanned:  # past the first call: the next opens with the joiner
+                    at = self.region.find(self.fmt.joiner)
+                    if at < 0:
+                        break
+                    self.region = self.region[at + len(self.fmt.joiner) :]
+                self.scan = _CallScan(self.fmt)
+            piece, self.region = self.region, ""
+            named, args = self.scan.feed(piece)
+            if named is not None and named in self.names:
+                out.append(self._call(named))
+            if args and self.scan.name in self.names:
+                out.append(ToolCallDelta(self.index, arguments=args))
+            if not self.scan.done:
+                break
+            self.region, self.scan, self.scanned = self.scan.rest, None, self.scanned + 1
         return "", out
 
     def end(self) -> Pieces:

@@ -11,7 +11,7 @@ from fake_engine import byte_tokenizer_json
 from goinfer.runtime import grammar as g
 from goinfer.serve.events import Delta, Usage
 from goinfer.serve.tools import Tool, call_format, call_grammar
-from goinfer.serve.tools.formats import HERMES, LLAMA3, MISTRAL, MISTRAL_TEKKEN
+from goinfer.serve.tools.formats import HERMES, LLAMA3, MISTRAL, MISTRAL_ARGS, MISTRAL_TEKKEN
 from goinfer.serve.tools.stream import ToolDeltas
 
 WEATHER = Tool("get_weather", "Weather in a city", {
@@ -45,6 +45,10 @@ MISTRAL_TWO = (
 )
 # Mistral Nemo's form (its template's replay): no space, and each call's 9-character id after it.
 MISTRAL_NEMO = '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "a1b2c3d4e"}]'
+# Mistral's v11+ form (Devstral, Mistral Small 3.2): name, maybe [CALL_ID], [ARGS], the arguments.
+MISTRAL_NAMED_TWO = '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_time[ARGS]{"tz": "UTC"}'
+MISTRAL_NAMED_ID = 'Sure.[TOOL_CALLS]get_weather[CALL_ID]a1b2c3d4e[ARGS]{"city": "Paris", "unit": "c"}'
+MISTRAL_NAMED_OTHER = '[TOOL_CALLS]send_email[ARGS]{"to": "x"}[TOOL_CALLS]get_time[ARGS]{"tz": "UTC"}'
 # Qwen3's (Hermes) call after the reply's own prose, as its template replays one.
 QWEN3_CALL = 'Checking.\n<tool_call>\n{"name": "get_time", "arguments": {"tz": "UTC"}}\n</tool_call>'
 
@@ -65,6 +69,9 @@ CASES = [
     (MISTRAL, MISTRAL_TWO, "", [("get_weather", {"city": "Paris"}), ("get_time", {"tz": "UTC"})]),
     (MISTRAL_TEKKEN, MISTRAL_NEMO, "", [("get_weather", {"city": "Paris"})]),
     (HERMES, QWEN3_CALL, "Checking.\n", [("get_time", {"tz": "UTC"})]),
+    (MISTRAL_ARGS, MISTRAL_NAMED_TWO, "", [("get_weather", {"city": "Paris"}), ("get_time", {"tz": "UTC"})]),
+    (MISTRAL_ARGS, MISTRAL_NAMED_ID, "Sure.", [("get_weather", {"city": "Paris", "unit": "c"})]),
+    (MISTRAL_ARGS, MISTRAL_NAMED_OTHER, "", [("get_time", {"tz": "UTC"})]),  # an unknown tool is no call
 ]  # fmt: skip
 
 
@@ -119,6 +126,7 @@ REAL_TEMPLATES = {
     "llama3.2.jinja": (LLAMA3, True),
     "mistral-nemo.jinja": (MISTRAL_TEKKEN, True),
     "phi3.5.jinja": (HERMES, False),
+    "mistral-small-3.2.jinja": (MISTRAL_ARGS, True),
 }
 # A tool conversation as an OpenAI client sends it back: our call id, the call turn's content null.
 CALL_ID = "call_0123456789abcdef01234567"
@@ -141,6 +149,8 @@ REPLAYED = {
                            '"id": "f01234567"}]</s>[TOOL_RESULTS]{"content": 18C, "call_id": "f01234567"}'],
     "phi3.5.jinja": ['<|assistant|>\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}',
                      "<|user|>\n<tool_response>\n18C\n</tool_response><|end|>"],
+    "mistral-small-3.2.jinja": ['[TOOL_CALLS]get_weather[CALL_ID]f01234567[ARGS]{"city": "Paris"}</s>',
+                                "[TOOL_RESULTS]f01234567[TOOL_CONTENT]18C[/TOOL_RESULTS]"],
 }  # fmt: skip
 
 
@@ -170,8 +180,9 @@ def tok() -> g.GrammarTokenizer:
 
 @pytest.mark.parametrize(
     ("fmt", "text"),
-    [(HERMES, HERMES_TWO), (LLAMA3, LLAMA3_TAGGED), (MISTRAL, MISTRAL_TWO), (MISTRAL_TEKKEN, MISTRAL_NEMO)],
-)
+    [(HERMES, HERMES_TWO), (LLAMA3, LLAMA3_TAGGED), (MISTRAL, MISTRAL_TWO), (MISTRAL_TEKKEN, MISTRAL_NEMO),
+     (MISTRAL_ARGS, MISTRAL_NAMED_TWO), (MISTRAL_ARGS, MISTRAL_NAMED_ID[len("Sure."):])],
+)  # fmt: skip
 def test_the_call_grammar_accepts_what_the_splitter_reads(tok, fmt, text):
     after = text[text.index(fmt.opener) + len(fmt.opener) :]
     m = tok.matcher(g.compile_lark(call_grammar(fmt, [WEATHER, TIME], parallel=True, tok=tok.get())))
