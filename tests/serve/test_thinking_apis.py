@@ -113,6 +113,25 @@ async def test_chat_splits_the_reasoning_from_the_answer(aiohttp_client, served)
     assert sum("reasoning_content" in c["choices"][0]["delta"] for c in chunks if c["choices"]) > 1
 
 
+async def test_each_of_n_choices_is_split_and_the_usage_sums_their_reasoning(aiohttp_client, served) -> None:
+    """n > 1: every choice gets its own split (the script writes the same reply for each), streamed
+    under its index; the usage counts the prompt once and every choice's reasoning tokens."""
+    s = served()
+    script = s.say(REPLY)
+    client = await client_for(aiohttp_client, s)
+    reply = await chat(client, n=2)
+    assert [c["index"] for c in reply["choices"]] == [0, 1]
+    for c in reply["choices"]:
+        assert c["message"]["content"] == ANSWER and c["message"]["reasoning_content"] == THOUGHT
+    usage = reply["usage"]
+    assert usage["completion_tokens"] == 2 * (len(script) - 1)
+    assert usage["completion_tokens_details"] == {"reasoning_tokens": 2 * (script.index(s.close_id) + 1)}
+    chunks = (await chat(client, stream=True, n=2))["chunks"]
+    for i in (0, 1):
+        mine = [{**c, "choices": [ch for ch in c["choices"] if ch["index"] == i]} for c in chunks]
+        assert streamed(mine) == (THOUGHT, ANSWER, "stop")
+
+
 async def test_logprobs_are_the_answer_s_tokens(aiohttp_client, served) -> None:
     s = served()
     s.say(REPLY)
