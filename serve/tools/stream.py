@@ -306,11 +306,7 @@ class ToolDeltas:
                 if at < 0:
                     break
                 self.scan, text = _CallScan(self.fmt), text[at:]
-            named, args = self.scan.feed(text)
-            if named is not None and named in self.names:
-                out.append(self._call(named))
-            if args and self.scan.name in self.names:
-                out.append(ToolCallDelta(self.index, arguments=args))
+            out += self._scanned(text)
             if not self.scan.done:
                 break
             text, self.scan, self.region = self.scan.rest, None, self.scan.rest
@@ -330,15 +326,23 @@ class ToolDeltas:
                     self.region = self.region[at + len(self.fmt.joiner) :]
                 self.scan = _CallScan(self.fmt)
             piece, self.region = self.region, ""
-            named, args = self.scan.feed(piece)
-            if named is not None and named in self.names:
-                out.append(self._call(named))
-            if args and self.scan.name in self.names:
-                out.append(ToolCallDelta(self.index, arguments=args))
+            out += self._scanned(piece)
             if not self.scan.done:
                 break
             self.region, self.scan, self.scanned = self.scan.rest, None, self.scanned + 1
         return "", out
+
+    def _scanned(self, piece: str) -> list[ToolCallDelta]:
+        """`piece` through the current call's scan: the call's first delta once its name is known
+        (a name not offered is dropped), then its argument text."""
+        assert self.scan is not None
+        out = []
+        named, args = self.scan.feed(piece)
+        if named is not None and named in self.names:
+            out.append(self._call(named))
+        if args and self.scan.name in self.names:
+            out.append(ToolCallDelta(self.index, arguments=args))
+        return out
 
     def end(self) -> Pieces:
         if self.mode == self.start:

@@ -51,6 +51,25 @@ def _choices(sched: Scheduler, requests: list[GenerationRequest]) -> list[list[i
     return out
 
 
+def _counted(
+    model: Model, sched: Scheduler, requests: list[GenerationRequest]
+) -> tuple[list[list[int]], int]:
+    """The choices' tokens, and how many tokens went through the model's forwards; stops `sched`."""
+    fed: list[int] = []
+    run = model.run
+
+    def counting(kv, seq_ids, feeds, **kw):
+        fed.append(sum(len(f) for f in feeds))
+        return run(kv, seq_ids, feeds, **kw)
+
+    model.run = counting  # type: ignore[method-assign]
+    try:
+        return _choices(sched, requests), sum(fed)
+    finally:
+        del model.run
+        sched.stop()
+
+
 def _alone(model: Model, request: GenerationRequest) -> list[int]:
     cold = Scheduler(model, SchedulerConfig(kv_sessions=0, prefill_chunk=16))
     try:
@@ -74,25 +93,13 @@ def test_each_choice_is_the_reply_its_request_gets_alone(model: Model, params: S
     each = _seeded(params, n) if params.seed is not None else [params] * n
     requests = [GenerationRequest(prompt, p) for p in each]
     sched = Scheduler(model, SchedulerConfig(kv_sessions=4, prefill_chunk=16, max_concurrent=4))
-    fed: list[int] = []
-    run = model.run
-
-    def counting(kv, seq_ids, feeds, **kw):
-        fed.append(sum(len(f) for f in feeds))
-        return run(kv, seq_ids, feeds, **kw)
-
-    model.run = counting  # type: ignore[method-assign]
-    try:
-        got = _choices(sched, requests)
-    finally:
-        del model.run
-        sched.stop()
+    got, fed = _counted(model, sched, requests)
     assert got == [_alone(model, r) for r in requests]
     if params.seed is not None:
         assert len({tuple(t) for t in got}) > 1, "seeds + i gave the same reply thrice"
     # the prompt was fed once; then each token a choice fed back (not its last when cut by the budget)
     decoded = sum(len(t) - (len(t) == params.max_tokens) for t in got)
-    assert sum(fed) == len(prompt) + decoded, (sum(fed), len(prompt), decoded)
+    assert fed == len(prompt) + decoded, (fed, len(prompt), decoded)
 
 
 def test_a_choice_without_room_for_a_copy_waits_and_takes_over_a_siblings_sequence(model: Model) -> None:
@@ -104,23 +111,11 @@ def test_a_choice_without_room_for_a_copy_waits_and_takes_over_a_siblings_sequen
     sched = Scheduler(model, SchedulerConfig(kv_sessions=2, prefill_chunk=16, max_concurrent=2))
     forks: list[object] = []
     sched.pool.fork = lambda seq: forks.append(seq)  # type: ignore[method-assign]  (no room: None)
-    fed: list[int] = []
-    run = model.run
-
-    def counting(kv, seq_ids, feeds, **kw):
-        fed.append(sum(len(f) for f in feeds))
-        return run(kv, seq_ids, feeds, **kw)
-
-    model.run = counting  # type: ignore[method-assign]
-    try:
-        got = _choices(sched, requests)
-    finally:
-        del model.run
-        sched.stop()
+    got, fed = _counted(model, sched, requests)
     assert forks, "the second choice never asked for a copy"
     assert got == [_alone(model, requests[0])] * 2
     decoded = sum(len(t) - (len(t) == params.max_tokens) for t in got)
-    assert sum(fed) == len(prompt) + 1 + decoded  # the second fed only the prompt's last token again
+    assert fed == len(prompt) + 1 + decoded  # the second fed only the prompt's last token again
 
 
 def test_cancelling_before_the_prompt_ends_every_choice(model: Model) -> None:
