@@ -45,6 +45,11 @@ OPEN_BLOCK_TEMPLATE = """\
 DELIMITERS = ("<think>", "</think>")
 USER_DEFINED = 4  # llama_token_type: how Qwen3's GGUFs store <think> and </think>
 
+# One question and the scripted reply the thinking tests make the model write.
+QUESTION = [{"role": "user", "content": "What is 2 + 2?"}]
+THOUGHT, ANSWER = "Two and two make four.", "It is 4."
+REPLY = f"<think>\n{THOUGHT}\n</think>\n\n{ANSWER}"
+
 
 def write_thinking_gguf(src: str | Path, dst: str | Path, template: str, seed: int = 1) -> Path:
     """A copy of tiny_gguf's qwen2 file `src` with `<think>`/`</think>` appended to the vocabulary

@@ -12,10 +12,8 @@ import pytest
 from click.testing import CliRunner
 from goinfer.cli.main import main
 from goinfer.runtime import decode
-from thinking_fixtures import Scripted, ScriptedSampler, build_thinking_bundle
+from thinking_fixtures import ANSWER, REPLY, THOUGHT, Scripted, ScriptedSampler, build_thinking_bundle
 
-THOUGHT, ANSWER = "Two and two make four.", "It is 4."
-REPLY = f"<think>\n{THOUGHT}\n</think>\n\n{ANSWER}"
 QUESTION = "What is 2 + 2?"
 
 

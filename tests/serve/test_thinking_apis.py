@@ -22,14 +22,19 @@ from goinfer.serve.app import create_app
 from goinfer.serve.config import ServeConfig
 from goinfer.serve.keys import REGISTRY
 from sse import named_events
-from thinking_fixtures import Scripted, ScriptedSampler, build_thinking_bundle
+from thinking_fixtures import (
+    ANSWER,
+    QUESTION,
+    REPLY,
+    THOUGHT,
+    Scripted,
+    ScriptedSampler,
+    build_thinking_bundle,
+)
 
 pytestmark = pytest.mark.asyncio
 
 FAST = {"keepalive_s": 0.05, "poll_s": 0.01}
-QUESTION = [{"role": "user", "content": "What is 2 + 2?"}]
-THOUGHT, ANSWER = "Two and two make four.", "It is 4."
-REPLY = f"<think>\n{THOUGHT}\n</think>\n\n{ANSWER}"
 HEADERS = {"anthropic-version": "2023-06-01"}
 
 

@@ -19,12 +19,9 @@ from goinfer.runtime import decode
 from goinfer.serve.app import create_app
 from goinfer.serve.config import ServeConfig
 from sse import named_events
-from thinking_fixtures import Scripted, ScriptedSampler
+from thinking_fixtures import ANSWER, QUESTION, REPLY, THOUGHT, Scripted, ScriptedSampler
 
 FAST = {"keepalive_s": 0.05, "poll_s": 0.01}
-QUESTION = [{"role": "user", "content": "What is 2 + 2?"}]
-THOUGHT, ANSWER = "Two and two make four.", "It is 4."
-REPLY = f"<think>\n{THOUGHT}\n</think>\n\n{ANSWER}"
 HEADERS = {"anthropic-version": "2023-06-01"}
 
 
