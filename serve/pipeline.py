@@ -254,7 +254,7 @@ async def prompt_ids(
         if control is not None:  # a thinking model; any other renders as it always did
             messages = think.replayed(messages, thinking)
             variables = think.template_vars(control, job.thinking, thinking) | variables
-        messages = prepare_messages(messages, rules.tools, engine.info.chat_template)
+        messages = prepare_messages(unmarked(messages), rules.tools, engine.info.chat_template)
         return await _tokenized(slot, job, partial(engine.chat_ids, messages, **variables))
     if isinstance(job.prompt, str):
         return await _tokenized(slot, job, partial(engine.text_ids, job.prompt))
@@ -263,6 +263,13 @@ async def prompt_ids(
     if vocab and max(ids) >= vocab:
         raise bad_request(f"prompt: token id {max(ids)} is outside the vocabulary (size {vocab})", "prompt")
     return ids
+
+
+def unmarked(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages without the mark messages.py puts on text sent beside tool results, which only
+    a thinking model's replay reads (serve/thinking.py): a template never sees it."""
+    mark = think.AFTER_RESULTS
+    return [m if mark not in m else {k: v for k, v in m.items() if k != mark} for m in messages]
 
 
 async def _tokenized(slot: ModelSlot, job: Job, fn: Callable[[], list[int]]) -> list[int]:

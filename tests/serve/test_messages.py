@@ -148,6 +148,7 @@ async def test_forced_tool_use_then_a_tool_result_turn(aiohttp_client, streamed)
     roles = [x["role"] for x in engine.messages]
     assert roles == ["system", "user", "assistant", "user", "user"]  # the fallback: results as a user turn
     assert engine.messages[3]["content"] == "<tool_response>\nsunny\n</tool_response>"
+    assert engine.messages[4] == {"role": "user", "content": "thanks"}  # no mark of ours reaches a template
 
 
 async def test_prose_before_a_call_is_its_own_text_block(aiohttp_client):
