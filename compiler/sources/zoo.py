@@ -172,12 +172,9 @@ def _verified(model: ZooModel, out: Path, progress: Progress | None) -> bool:
     target = _target(model, out)
     if not target.is_file() or (model.kind == "dir" and not all((out / m).is_file() for m in model.members)):
         return False
+    if _marked(model, out):
+        return True
     stamp = {"sha256": model.sha256, **_stamp(target)}
-    try:
-        if json.loads(_marker(out).read_text()) == stamp:
-            return True
-    except (OSError, ValueError):
-        pass
     if stamp["size"] != model.size:
         return False
     if progress:
@@ -246,11 +243,17 @@ def cached(name: str, cache_dir: Path | None = None) -> Path | None:
     out = cache.folder("models", cache_dir) / model.filename
     if model.kind == "dir" and not all((out / m).is_file() for m in model.members):
         return None
+    return out if _marked(model, out) else None
+
+
+def _marked(model: ZooModel, out: Path) -> bool:
+    """Whether `out`'s marker vouches for its bytes: the pinned sha256, and the size and mtime the
+    file had when it was hashed."""
     try:
         stamp = {"sha256": model.sha256, **_stamp(_target(model, out))}
-        return out if json.loads(_marker(out).read_text()) == stamp else None
+        return json.loads(_marker(out).read_text()) == stamp
     except (OSError, ValueError):
-        return None
+        return False
 
 
 def _target(model: ZooModel, out: Path) -> Path:
