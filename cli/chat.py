@@ -187,14 +187,13 @@ class Thoughts:
 def reasoning_for(model, ids: list[int], thinking: ThinkingConfig):
     """(the reasoning budget, the split) of a reply to `ids`; (None, None) for a model without a
     thinking control."""
-    from goinfer.runtime.thinking import ReasoningBudget, ReasoningSplit
+    from goinfer.runtime.thinking import ReasoningSplit
 
     control = model.thinking
     if control is None:
         return None, None
-    inside = control.inside(ids)
-    budget = ReasoningBudget(control.open_id, control.close_id, inside, thinking.tokens, thinking.room)
-    return budget, ReasoningSplit(control, inside)
+    budget = control.budget(ids, thinking)
+    return budget, ReasoningSplit(control, budget.inside)
 
 
 def thinking_vars(model, thinking: ThinkingConfig) -> dict[str, Any]:

@@ -77,6 +77,14 @@ class ThinkingControl:
         opened = _last(prompt_ids, self.open_id)
         return opened >= 0 and opened > _last(prompt_ids, self.close_id)
 
+    def budget(
+        self, prompt_ids: list[int], config: ThinkingConfig, tokens: int | None = None
+    ) -> ReasoningBudget:
+        """A reply's budget: `tokens` (a request's) else the config's cap on a block, and the room
+        rule unless the config's budget is unlimited."""
+        cap = tokens if tokens is not None else config.tokens
+        return ReasoningBudget(self.open_id, self.close_id, self.inside(prompt_ids), cap, config.room)
+
     def describe(self) -> str:
         return f"{self.open_text}…{self.close_text}, thinks by default: {'yes' if self.default_on else 'no'}"
 

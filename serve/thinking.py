@@ -78,7 +78,5 @@ class Thinking:
 def plan(control: ThinkingControl, ask: ThinkingAsk, config: ThinkingConfig, ids: list[int]) -> Thinking:
     """The run's thinking. The budget is the request's, else the server's --reasoning-budget N,
     with the room rule unless --reasoning-budget unlimited."""
-    inside = control.inside(ids)
-    tokens = ask.budget if ask.budget is not None else config.tokens
-    budget = ReasoningBudget(control.open_id, control.close_id, inside, tokens, config.room)
-    return Thinking(control, inside, budget, ask.split)
+    budget = control.budget(ids, config, ask.budget)
+    return Thinking(control, budget.inside, budget, ask.split)
